@@ -1,0 +1,31 @@
+"""Environments by name: ``make(name, **config)``."""
+
+from __future__ import annotations
+
+import importlib
+
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+
+# name -> "module:Class"; modules are imported on first use so a missing optional dependency of
+# one environment never breaks another.
+_ENVS: dict[str, str] = {}
+
+
+def register_env(name: str, target: str) -> None:
+    """Make ``make(name)`` build ``target`` (``"package.module:ClassName"``)."""
+    _ENVS[name] = target
+
+
+def available() -> list[str]:
+    return sorted(_ENVS)
+
+
+def make(name: str, **config) -> Env:
+    """Build the environment registered as ``name`` (not yet reset)."""
+    if name not in _ENVS:
+        raise KeyError(f"unknown environment {name!r}; available: {', '.join(available()) or '<none>'}")
+    module_name, class_name = _ENVS[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)(**config)
+
+
+__all__ = ["Env", "Messages", "StepResult", "Workflow", "available", "make", "register_env"]

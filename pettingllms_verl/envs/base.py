@@ -1,0 +1,84 @@
+"""The environment contract (see DESIGN.md, "Key contracts").
+
+An environment is pure Python and deterministic given its seed. It speaks text at its edge
+(chat messages out, a model's reply in) but never calls a model: prompt wording and reply
+parsing for each role live in ``pettingllms_verl.agents``; the environment only decides what a
+parsed action does to the state and what it is worth.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """Who acts, in which order, for how many turns."""
+
+    turn_order: tuple[str, ...]
+    max_turns: int
+
+
+@dataclass
+class StepResult:
+    """What one role's reply earned.
+
+    local_reward: the acting role's own reward for this reply.
+    parse_ok: False when the reply could not be parsed (the state is then unchanged and
+        ``local_reward`` holds the environment's fixed parse penalty).
+    info: free-form, JSON-serialisable diagnostics (e.g. sandbox status, moves applied).
+    """
+
+    local_reward: float
+    parse_ok: bool = True
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(abc.ABC):
+    """Base class of every environment.
+
+    Subclasses set ``name`` and ``roles`` and implement the abstract methods. ``clone`` must
+    return a fully independent copy: stepping a clone never changes its parent or siblings.
+    """
+
+    name: ClassVar[str]
+    roles: ClassVar[tuple[str, ...]]
+
+    def __init__(self, **config: Any) -> None:
+        self.config = config
+        self.done = False
+        self.success = False
+
+    @abc.abstractmethod
+    def reset(self, seed: int, task: dict | None = None) -> None:
+        """Start an episode: from ``task`` when given, else a task generated from ``seed``."""
+
+    @property
+    @abc.abstractmethod
+    def task(self) -> dict:
+        """JSON-serialisable dict that recreates this episode with ``reset(seed, task)``."""
+
+    @property
+    @abc.abstractmethod
+    def global_reward(self) -> float:
+        """Team reward of the current state (shared by every role)."""
+
+    @abc.abstractmethod
+    def observation(self, role: str) -> Messages:
+        """Chat messages (``[{"role": "system"|"user", "content": ...}]``) for ``role``'s next reply."""
+
+    @abc.abstractmethod
+    def step(self, role: str, text: str) -> StepResult:
+        """Apply ``role``'s reply. Never raises on any ``text``."""
+
+    @abc.abstractmethod
+    def clone(self) -> Env:
+        """An independent copy of the current state (cheap: no deep copy of shared config)."""
+
+    @abc.abstractmethod
+    def workflow(self, mode: str) -> Workflow:
+        """The workflow of ``mode``: ``"sa"`` (one agent) or ``"mas"`` (several roles)."""
