@@ -8,7 +8,13 @@ from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
 
 # name -> "module:Class"; modules are imported on first use so a missing optional dependency of
 # one environment never breaks another.
-_ENVS: dict[str, str] = {}
+_ENVS: dict[str, str] = {
+    "plan_path": "pettingllms_verl.envs.plan_path:PlanPathEnv",
+    "sokoban": "pettingllms_verl.envs.sokoban:SokobanEnv",
+    "sudoku": "pettingllms_verl.envs.sudoku:SudokuEnv",
+    "tictactoe": "pettingllms_verl.envs.tictactoe:TicTacToeEnv",
+    "hanabi": "pettingllms_verl.envs.hanabi:HanabiEnv",
+}
 
 
 def register_env(name: str, target: str) -> None:

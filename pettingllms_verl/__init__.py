@@ -1,0 +1,3 @@
+"""pettingllms-verl: multi-agent LLM RL (AT-GRPO) as a plugin for stock verl."""
+
+__version__ = "0.1.0"
