@@ -1,0 +1,165 @@
+"""Batched token-in/token-out generation with transformers (the engine behind the ``hf`` rollout).
+
+Device-agnostic: the same code serves a laptop CPU and a CUDA device. Concurrent requests that
+share sampling settings are left-padded into one ``model.generate`` call; each result carries the
+log-probabilities of its sampled tokens under ``log_softmax(logits / temperature)``, which is the
+distribution verl's actor recomputes for its old log-probs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """One request's sampling settings, in verl's/vLLM's vocabulary."""
+
+    max_tokens: int
+    temperature: float = 1.0  # <= 0 means greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0) disables top-k
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()  # generation ends after the first token that completes one of these
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def batch_key(self) -> tuple:
+        """Requests with equal keys can share one ``generate`` call (max_tokens may differ)."""
+        return (self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.stop)
+
+    @classmethod
+    def from_verl(cls, params: Mapping[str, Any], default_max_tokens: int) -> SamplingSpec:
+        """Build from the ``sampling_params`` dict verl's agent loops send; caps ``max_tokens``."""
+        max_tokens = params.get("max_tokens", params.get("max_new_tokens")) or default_max_tokens
+        stop = params.get("stop") or ()
+        if isinstance(stop, str):
+            stop = (stop,)
+        return cls(
+            max_tokens=max(1, min(int(max_tokens), default_max_tokens)),
+            temperature=float(params.get("temperature", 1.0)),
+            top_p=float(params.get("top_p", 1.0)),
+            top_k=int(params.get("top_k", -1) or -1),
+            repetition_penalty=float(params.get("repetition_penalty", 1.0) or 1.0),
+            stop=tuple(stop),
+        )
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str  # "stop" (eos or stop string) or "length"
+
+
+class HFGenerationEngine:
+    """Owns one model copy; thread-safe (generation and weight loading never overlap)."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_batch_size: int = 64):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.eos_token_ids = self._eos_token_ids(model, tokenizer)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+        ids = model.generation_config.eos_token_id
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+            ids.append(tokenizer.eos_token_id)
+        if not ids:
+            raise ValueError("model has no eos_token_id (generation_config or tokenizer): cannot tell when to stop")
+        return ids
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompts: list[list[int]], specs: list[SamplingSpec]) -> list[Generation]:
+        """Generate for many requests: grouped by sampling settings, chunked by ``max_batch_size``."""
+        results: list[Generation | None] = [None] * len(prompts)
+        groups: dict[tuple, list[int]] = {}
+        for i, spec in enumerate(specs):
+            groups.setdefault(spec.batch_key(), []).append(i)
+        for members in groups.values():
+            for start in range(0, len(members), self.max_batch_size):
+                chunk = members[start : start + self.max_batch_size]
+                outputs = self._generate_group([prompts[i] for i in chunk], [specs[i] for i in chunk])
+                for i, output in zip(chunk, outputs):
+                    results[i] = output
+        return results
+
+    @torch.no_grad()
+    def _generate_group(self, prompts: list[list[int]], specs: list[SamplingSpec]) -> list[Generation]:
+        spec = specs[0]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding: generation continues every row at column `width`
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=max(s.max_tokens for s in specs),
+            do_sample=not spec.greedy,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            repetition_penalty=spec.repetition_penalty,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        if spec.greedy:  # unset sampling knobs so generation_config defaults cannot leak in
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        else:
+            kwargs.update(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else 0)
+        if spec.stop:
+            kwargs.update(stop_strings=list(spec.stop), tokenizer=self.tokenizer)
+        with self._lock:
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **kwargs
+            )
+        new_tokens = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # (bs, new_len, vocab), raw (before processors)
+        if not spec.greedy:
+            logits = logits / spec.temperature
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        return [self._finish(new_tokens[row].tolist(), log_probs[row].tolist(), s) for row, s in enumerate(specs)]
+
+    def _finish(self, tokens: list[int], log_probs: list[float], spec: SamplingSpec) -> Generation:
+        """Cut one row at its own end: eos (kept), a completed stop string (kept), or its max_tokens."""
+        end, reason = min(len(tokens), spec.max_tokens), "length"
+        for i, token in enumerate(tokens[:end]):
+            if token in self.eos_token_ids:
+                end, reason = i + 1, "stop"
+                break
+        if spec.stop:
+            text = ""
+            for i in range(end):
+                text = self.tokenizer.decode(tokens[: i + 1])
+                if any(s in text for s in spec.stop):
+                    end, reason = i + 1, "stop"
+                    break
+        return Generation(token_ids=tokens[:end], log_probs=log_probs[:end], finish_reason=reason)
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
+        """Copy trainer weights in place (HF parameter names); returns how many tensors were loaded.
+
+        Every name must match a parameter or buffer of this model: a silent mismatch would leave
+        the rollout sampling from stale weights (off-policy without anyone noticing).
+        """
+        state = self.model.state_dict()
+        unknown = sorted(set(named_tensors) - set(state))
+        if unknown:
+            raise KeyError(f"hf rollout: {len(unknown)} weight names not in the rollout model, e.g. {unknown[:3]}")
+        with self._lock, torch.no_grad():
+            for name, tensor in named_tensors.items():
+                state[name].copy_(tensor.to(device=state[name].device, dtype=state[name].dtype))
+        return len(named_tensors)

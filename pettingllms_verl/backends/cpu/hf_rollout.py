@@ -1,0 +1,243 @@
+"""The ``hf`` rollout for verl: ``actor_rollout_ref.rollout.name=hf``.
+
+Three pieces, as verl's vLLM/SGLang rollouts have:
+- ``HFRolloutServer``: a Ray actor holding a copy of the policy in an ``HFGenerationEngine``.
+  Concurrent ``generate`` calls are queued and served in batches (one ``model.generate`` per
+  batch of compatible requests), not one at a time.
+- ``HFRolloutReplica`` (driver side, registered in ``RolloutReplicaRegistry``): starts one server
+  per replica.
+- ``HFServerAdapter`` (trainer-worker side, registered in verl's ``_ROLLOUT_REGISTRY``): forwards
+  sleep/wake and pushes the trainer's weights to its server after every update, so the rollout
+  after update t samples from the weights after update t.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Generator
+
+import ray
+import torch
+
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+from pettingllms_verl.backends.cpu.hf_engine import HFGenerationEngine, SamplingSpec
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_NAME = "hf"
+# How long the batcher waits for more concurrent requests before starting a generate call.
+BATCH_WINDOW_S = 0.005
+
+
+def server_actor_name(replica_rank: int) -> str:
+    return f"hf_server_{replica_rank}_0"
+
+
+def _torch_dtype(name: str, device: str) -> torch.dtype:
+    if device == "cpu":
+        return torch.float32  # bf16 matmuls on CPU are slow and drift from the fp32 actor
+    return {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
+
+
+class HFRolloutServer:
+    """Token-in/token-out server over one model copy (the methods verl's replica/client call)."""
+
+    def __init__(self, rollout_config: Any, model_config: Any, replica_rank: int):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from verl.utils.fs import copy_to_local
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # The replica passes the raw `actor_rollout_ref.model` DictConfig (paths not yet localised).
+        path = copy_to_local(model_config.get("local_path") or model_config.get("path"))
+        tokenizer_path = copy_to_local(model_config.get("tokenizer_path") or path)
+        trust_remote_code = bool(model_config.get("trust_remote_code", False))
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=_torch_dtype(str(rollout_config.dtype), device),
+            attn_implementation="sdpa",
+            trust_remote_code=trust_remote_code,
+        ).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+        torch.manual_seed(int(rollout_config.seed) + replica_rank)
+        self.engine = HFGenerationEngine(model, tokenizer, max_batch_size=int(rollout_config.max_num_seqs or 64))
+        self.device = device
+        self.prompt_length = int(rollout_config.prompt_length)
+        self.response_length = int(rollout_config.response_length)
+        self.global_steps: int | None = None
+        self.generate_calls = 0  # engine calls; exposed for tests and benchmarks
+        self._pending: list[tuple[list[int], SamplingSpec, asyncio.Future]] = []
+        self._wakeup: asyncio.Event | None = None
+        self._batcher: asyncio.Task | None = None
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], **_unused: Any
+    ) -> TokenOutput:
+        prompt_ids = list(prompt_ids)
+        budget = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
+        if budget < 1:
+            raise ValueError(
+                f"hf rollout: prompt of {len(prompt_ids)} tokens leaves no room within "
+                f"rollout.prompt_length + rollout.response_length = {self.prompt_length + self.response_length}"
+            )
+        spec = SamplingSpec.from_verl(sampling_params, default_max_tokens=budget)
+        if self._batcher is None:
+            self._wakeup = asyncio.Event()
+            self._batcher = asyncio.get_running_loop().create_task(self._serve_batches())
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt_ids, spec, future))
+        self._wakeup.set()
+        generation = await future
+        return TokenOutput(
+            token_ids=generation.token_ids,
+            log_probs=generation.log_probs,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    async def _serve_batches(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            await asyncio.sleep(BATCH_WINDOW_S)  # let concurrent requests join this batch
+            self._wakeup.clear()
+            batch, self._pending = self._pending, []
+            if not batch:
+                continue
+            prompts, specs, futures = zip(*batch)
+            self.generate_calls += 1
+            try:
+                outputs = await asyncio.to_thread(self.engine.generate, list(prompts), list(specs))
+            except Exception as error:  # report to every waiting caller instead of dying silently
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for future, output in zip(futures, outputs):
+                if not future.done():
+                    future.set_result(output)
+
+    async def update_weights(self, named_tensors: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        loaded = await asyncio.to_thread(self.engine.load_weights, named_tensors)
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return loaded
+
+    def get_stats(self) -> dict[str, Any]:
+        return {"generate_calls": self.generate_calls, "device": self.device, "global_steps": self.global_steps}
+
+    # Memory management. On CPU there is nothing to free, so these are explicit no-ops; on CUDA
+    # sleep moves the model to host memory and wake_up brings it back.
+    async def sleep(self, *_args, **_kwargs) -> None:
+        if self.device == "cuda":
+            self.engine.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    async def wake_up(self, *_args, **_kwargs) -> None:
+        if self.device == "cuda":
+            self.engine.model.to("cuda")
+
+    async def clear_kv_cache(self) -> None:  # no persistent KV cache between requests
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        # Requests are short batched calls that cannot be interrupted mid-generate; nothing to abort.
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def start_profile(self, **_kwargs) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+
+class HFRolloutReplica(RolloutReplica):
+    """One ``HFRolloutServer`` per replica, beside the trainer workers."""
+
+    async def launch_servers(self) -> None:
+        options: dict[str, Any] = dict(
+            name=server_actor_name(self.replica_rank),
+            max_concurrency=self.max_concurrency,
+            num_cpus=0,
+            # The accelerator is held by the trainer worker of this replica: asking Ray for one
+            # would wait forever. On CUDA the server joins the worker's node and device instead.
+            num_gpus=0,
+        )
+        if self.workers and torch.cuda.is_available():
+            node_id, visible = await self.workers[0].__ray_call__.remote(
+                lambda worker: (ray.get_runtime_context().get_node_id(), os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+            )
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options.update(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+                runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": visible}},
+            )
+        server = ray.remote(HFRolloutServer).options(**options).remote(self.config, self.model_config, self.replica_rank)
+        await server.get_stats.remote()  # surface model-loading errors here, in the driver
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = server_actor_name(self.replica_rank)  # only a load-balancer key
+
+
+def load_replica_class() -> type[RolloutReplica]:
+    return HFRolloutReplica
+
+
+class HFServerAdapter(BaseRollout):
+    """Lives in each trainer worker; pushes weights to this rank's server (rollout rank 0 only)."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1):
+        super().__init__(config, model_config, device_mesh)
+        rollout_world_size = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        rank = int(os.environ.get("RANK", 0))
+        self.replica_rank = rank // rollout_world_size if replica_rank == -1 else replica_rank
+        self.is_sender = rank % rollout_world_size == 0
+        self._server = None
+
+    @property
+    def server(self):
+        if self._server is None:  # the server starts after the trainer workers
+            self._server = ray.get_actor(server_actor_name(self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]) -> None:
+        if self.is_sender:
+            await self.server.wake_up.remote()
+
+    async def release(self) -> None:
+        if self.is_sender:
+            await self.server.sleep.remote()
+
+    async def update_weights(
+        self, weights: Generator[tuple[str, torch.Tensor], None, None], wire_format: str = "named_tensors", **kwargs
+    ) -> None:
+        if wire_format != "named_tensors":
+            raise ValueError(f"hf rollout: unsupported weight wire format {wire_format!r} (use checkpoint engine 'naive')")
+        if kwargs.get("peft_config") is not None:
+            raise NotImplementedError(
+                "hf rollout: LoRA adapters are synced merged; set actor_rollout_ref.model.lora.merge=True"
+            )
+        # Every rank must drain the generator: it performs collective gathers.
+        named = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
+        if self.is_sender:
+            await self.server.update_weights.remote(named, kwargs.get("global_steps"))

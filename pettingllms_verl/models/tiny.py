@@ -1,0 +1,118 @@
+"""Deterministic tiny model + tokenizer for offline runs, CI and the CPU quickstart.
+
+``python -m pettingllms_verl.models.tiny --out DIR [--seed 0]`` writes a byte-level BPE tokenizer
+(ChatML chat template) trained on text the environments produce, and a randomly initialised
+``Qwen2ForCausalLM`` (head_dim 64: some attention kernels reject smaller heads). Same seed and same
+package version give byte-identical files; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+DEFAULT_CONFIG = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      intermediate_size=256, max_position_embeddings=4096)
+
+
+def corpus(seed: int, episodes_per_env: int = 20) -> list[str]:
+    """Training text for the tokenizer: observations of every registered environment, plus
+    digits, moves and Python, so prompts and plausible replies tokenise compactly."""
+    from pettingllms_verl import envs
+
+    texts = []
+    for name in envs.available():
+        try:
+            env = envs.make(name)
+        except ImportError:
+            continue  # an environment whose optional dependency is absent adds no text
+        for episode in range(episodes_per_env):
+            env.reset(seed=seed * 100_003 + episode)
+            for role in env.roles:
+                texts.extend(message["content"] for message in env.observation(role))
+    rng = random.Random(seed)
+    for _ in range(2000):
+        texts.append(" ".join(str(rng.randint(0, 999)) for _ in range(8)))
+        texts.append(",".join(rng.choice("UDLR") for _ in range(rng.randint(1, 12))))
+    texts.append("def solve():\n    moves = []\n    for i in range(10):\n        print(i, end=' ')\n    return moves\n")
+    texts.append("import sys\nprint(sys.stdin.read().strip())\n```python\n```\n\\boxed{42}")
+    return texts
+
+
+def build_tokenizer(seed: int, vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus(seed), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        chat_template=CHATML_TEMPLATE,
+        model_max_length=DEFAULT_CONFIG["max_position_embeddings"],
+    )
+
+
+def build(out_dir: str, seed: int = 0, vocab_size: int = 1024, **config_overrides) -> str:
+    """Write tokenizer + model to ``out_dir``; returns ``out_dir``."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer(seed, vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+        **{**DEFAULT_CONFIG, **config_overrides},
+    )
+    if config.hidden_size // config.num_attention_heads != 64:
+        raise ValueError("tiny model: hidden_size / num_attention_heads must be 64 (head_dim)")
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[config.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "tiny_model.json"), "w") as f:
+        json.dump({"seed": seed, "vocab_size": len(tokenizer), "parameters": model.num_parameters()}, f)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="directory to write the model and tokenizer to")
+    parser.add_argument("--seed", type=int, default=0, help="seed of tokenizer corpus and weights")
+    parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size (incl. 256 bytes)")
+    args = parser.parse_args(argv)
+    build(args.out, seed=args.seed, vocab_size=args.vocab_size)
+    print(f"tiny model written to {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Config checks that run in the driver before verl starts Ray.
+
+A missing model or dataset file otherwise surfaces minutes later as a stack trace inside a Ray
+worker's log. Recipes enable this as a Hydra callback (``hydra.callbacks.preflight``); it prints
+which config key holds the bad value, the value, and what to do, then exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work, with the key that holds it."""
+
+    def __init__(self, key: str, problem: str, fix: str):
+        super().__init__(f"{key}: {problem}\n  fix: {fix}")
+        self.key = key
+
+
+def _select(config: DictConfig, key: str) -> Any:
+    return OmegaConf.select(config, key, default=None)
+
+
+def _is_local_path(value: str) -> bool:
+    # Hub ids look like "org/name"; anything absolute, relative-dotted or with a scheme is local.
+    return value.startswith(("/", "./", "../", "~")) or os.sep in value and value.count("/") > 1
+
+
+def check(config: DictConfig) -> None:
+    """Raise ``ConfigError`` for the first problem found."""
+    model_path = _select(config, "actor_rollout_ref.model.path")
+    if not model_path:
+        raise ConfigError("actor_rollout_ref.model.path", "not set", "point it at a HF model directory or hub id")
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    if (_is_local_path(model_path) or offline) and not os.path.isdir(os.path.expanduser(model_path)):
+        raise ConfigError(
+            "actor_rollout_ref.model.path",
+            f"model directory not found: {model_path}" + (" (HF_HUB_OFFLINE=1: no download)" if offline else ""),
+            "build the tiny model with `make model` (python -m pettingllms_verl.models.tiny --out DIR) "
+            "or set actor_rollout_ref.model.path=<dir>",
+        )
+    for key in ("data.train_files", "data.val_files"):
+        files = _select(config, key)
+        if files is None:
+            continue
+        for path in [files] if isinstance(files, str) else list(files):
+            if not os.path.exists(os.path.expanduser(path)):
+                raise ConfigError(
+                    key,
+                    f"dataset file not found: {path}",
+                    "run the matching data_prep script (see README, e.g. `make data`) or set "
+                    f"{key}=<parquet path>",
+                )
+    if _select(config, "actor_rollout_ref.rollout.name") == "hf":
+        world = int(_select(config, "trainer.n_gpus_per_node") or 0) * int(_select(config, "trainer.nnodes") or 1)
+        declared = _select(config, "ray_kwargs.ray_init.num_gpus")
+        if declared is not None and int(declared) < world:
+            raise ConfigError(
+                "ray_kwargs.ray_init.num_gpus",
+                f"{declared} Ray GPU slots for {world} trainer ranks (trainer.n_gpus_per_node x trainer.nnodes)",
+                f"set ray_kwargs.ray_init.num_gpus={world} (on CPU these are slots, not devices)",
+            )
+
+
+class Preflight(Callback):
+    """Hydra callback: ``check`` the composed config before the job (verl's ``main``) runs."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check(config)
+        except ConfigError as error:
+            print(f"\npettingllms_verl: config error in {error}\n", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None

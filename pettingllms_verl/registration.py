@@ -1,0 +1,74 @@
+"""Everything the plugin adds to verl, registered through verl's own registries.
+
+Heavy modules are registered by dotted name wherever verl allows it, so importing verl stays
+fast in processes that never use them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+logger = logging.getLogger(__name__)
+
+_HF_ADAPTER = "pettingllms_verl.backends.cpu.hf_rollout.HFServerAdapter"
+
+_registered = False
+
+
+def _load_hf_replica():
+    from pettingllms_verl.backends.cpu.hf_rollout import HFRolloutReplica
+
+    return HFRolloutReplica
+
+
+def _register_cpu_engines() -> None:
+    """verl's FSDP engines run on CPU as they are; they are only registered for cuda/npu."""
+    from verl.workers.engine import EngineRegistry, FSDPEngineWithLMHead
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithValueHead
+
+    for model_type, engine in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
+        if "cpu" not in EngineRegistry._engines.get(model_type, {}).get("fsdp2", {}):
+            EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(engine)
+
+
+def _check() -> list[str]:
+    """Names of registrations that are missing (empty when all is well)."""
+    from verl.plugin.platform import PlatformRegistry
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    missing = []
+    if PlatformRegistry.get("cpu") is None:
+        missing.append("verl platform 'cpu'")
+    if "hf" not in RolloutReplicaRegistry._registry:
+        missing.append("rollout replica 'hf'")
+    if _ROLLOUT_REGISTRY.get(("hf", "async")) != _HF_ADAPTER:
+        missing.append("rollout adapter ('hf', 'async')")
+    if "cpu" not in EngineRegistry._engines["language_model"]["fsdp2"]:
+        missing.append("FSDP engine for device 'cpu'")
+    return missing
+
+
+def register() -> None:
+    """Register the plugin with verl; idempotent; raises (and prints) if anything is missing."""
+    global _registered
+    if _registered:
+        return
+    try:
+        import pettingllms_verl.backends.cpu.platform  # noqa: F401  (registers platform "cpu")
+        from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+        from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+        RolloutReplicaRegistry.register("hf", _load_hf_replica)
+        _ROLLOUT_REGISTRY[("hf", "async")] = _HF_ADAPTER
+        _register_cpu_engines()
+        missing = _check()
+        if missing:
+            raise RuntimeError("registrations missing after register(): " + ", ".join(missing))
+    except Exception as error:
+        # verl hides plugin import errors; make sure this one is seen.
+        print(f"pettingllms_verl: plugin registration FAILED: {error!r}", file=sys.stderr, flush=True)
+        raise
+    _registered = True
