@@ -1,0 +1,129 @@
+"""Shared base of the grid puzzles played by a tool agent and a plan agent.
+
+Roles: ``tool`` writes Python that prints an action list; it runs in the sandbox with the current
+state (``view()``) as JSON on stdin, and its actions are scored on a *clone*, never applied.
+``plan`` answers with the actions that are applied. Workflows over the same turn budget:
+``mas`` = tool then plan each turn; ``sa`` = plan alone (it never sees tool output).
+
+Rewards common to every puzzle:
+- ``PARSE_PENALTY`` for a reply without a readable action list (plan) or without a ```python
+  block (tool); the puzzle state is unchanged.
+- tool: what its printed actions would earn on a clone, or ``TOOL_FAILURE_PENALTY`` when the
+  program crashes, times out, is killed, prints too much, or prints no readable action list.
+- plan: what its actions earn when applied (each puzzle defines the per-action rewards).
+A plan reply ends a turn (parsed or not); the episode is done when solved or after
+``max_turns`` turns. Replies after that are ignored (reward 0).
+
+Cloning is a shallow copy of ``__dict__``: subclasses keep every per-episode field immutable
+(ints, tuples, strings) and never mutate the per-task tables they share with their clones, so the
+copy is independent and costs about a microsecond.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from typing import Any, ClassVar
+
+from pettingllms_verl.agents.parsing import extract_code
+from pettingllms_verl.agents.tool_plan import PuzzlePrompts, plan_messages, tool_messages
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+
+PARSE_PENALTY = -0.5
+TOOL_FAILURE_PENALTY = -0.25
+
+# Sandbox limits of a tool program; override with the env config key "tool_limits".
+DEFAULT_TOOL_LIMITS = {"wall_s": 5.0, "cpu_s": 3.0, "memory_mb": 512, "max_output_bytes": 16_384}
+
+
+def run_tool(code: str, stdin: str, limits: dict) -> Any:
+    """Run a tool program in the sandbox (a seam kept in one place)."""
+    from pettingllms_verl.sandbox import SandboxLimits, run_python
+
+    return run_python(code, stdin=stdin, limits=SandboxLimits(**limits))
+
+
+class ToolPlanEnv(Env):
+    roles: ClassVar[tuple[str, ...]] = ("tool", "plan")
+    prompts: ClassVar[PuzzlePrompts]
+    default_max_turns: ClassVar[int]
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        self.max_turns = int(config.get("max_turns", self.default_max_turns))
+        self.tool_limits = {**DEFAULT_TOOL_LIMITS, **config.get("tool_limits", {})}
+
+    # --- puzzle-specific -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def view(self) -> dict:
+        """The current state as a JSON-able dict: the tool's stdin and what prompts render."""
+
+    @abc.abstractmethod
+    def parse_actions(self, text: str) -> Any | None:
+        """Actions in ``text`` (a plan reply or a tool's stdout), or None when there are none."""
+
+    @abc.abstractmethod
+    def apply(self, actions: Any) -> tuple[float, dict]:
+        """Apply parsed actions to this state; (reward, info). Sets ``success`` when solved."""
+
+    # --- shared ----------------------------------------------------------------------------
+
+    def _begin_episode(self) -> None:
+        self.done = False
+        self.success = False
+        self.turn = 0
+        self.tool_code: str | None = None
+        self.tool_output: str | None = None
+
+    def workflow(self, mode: str) -> Workflow:
+        if mode == "mas":
+            return Workflow(("tool", "plan"), self.max_turns)
+        if mode == "sa":
+            return Workflow(("plan",), self.max_turns)
+        raise ValueError(f"unknown workflow mode {mode!r}; use 'sa' or 'mas'")
+
+    def observation(self, role: str) -> Messages:
+        if role == "tool":
+            return tool_messages(self.prompts, self.view())
+        if role == "plan":
+            return plan_messages(self.prompts, self.view(), self.tool_code, self.tool_output)
+        raise ValueError(f"{self.name} has no role {role!r}; roles: {self.roles}")
+
+    def step(self, role: str, text: str) -> StepResult:
+        if role not in self.roles:
+            raise ValueError(f"{self.name} has no role {role!r}; roles: {self.roles}")
+        if self.done:
+            return StepResult(0.0, True, {"ignored": "episode is done"})
+        if role == "tool":
+            return self._tool_step(text)
+        actions = self.parse_actions(text)
+        if actions is None:
+            result = StepResult(PARSE_PENALTY, False, {})
+        else:
+            reward, info = self.apply(actions)
+            result = StepResult(reward, True, info)
+        self.turn += 1
+        self.done = self.done or self.success or self.turn >= self.max_turns
+        return result
+
+    def _tool_step(self, text: str) -> StepResult:
+        code = extract_code(text)
+        if code is None:
+            return StepResult(PARSE_PENALTY, False, {"tool_status": "no_code"})
+        run = run_tool(code, json.dumps(self.view()), self.tool_limits)
+        self.tool_code = code
+        self.tool_output = run.stdout if run.ok else f"[{run.status}]\n{run.stdout}\n{run.stderr[-300:]}"
+        if not run.ok:
+            return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": run.status})
+        actions = self.parse_actions(run.stdout)
+        if actions is None:
+            return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": "no_actions"})
+        trial = self.clone()
+        reward, info = trial.apply(actions)
+        return StepResult(reward, True, {"tool_status": "ok", "would_solve": trial.success, **info})
+
+    def clone(self) -> ToolPlanEnv:
+        twin = object.__new__(type(self))
+        twin.__dict__ = self.__dict__.copy()
+        return twin
