@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pettingllms_verl.agents.parsing import (
+    DIRECTION_ALIASES,
     answer_text,
     extract_code,
     int_or_none,
@@ -13,7 +14,6 @@ from pettingllms_verl.agents.parsing import (
     parse_moves,
     strip_think,
 )
-from pettingllms_verl.agents.plan_path import MOVE_ALIASES
 
 
 def test_strip_think_and_answer_text():
@@ -38,7 +38,7 @@ def test_extract_code_takes_last_python_block():
 
 def test_parse_moves_forms():
     def moves(text):
-        return parse_moves(text, MOVE_ALIASES, max_moves=50)
+        return parse_moves(text, DIRECTION_ALIASES, max_moves=50)
 
     assert moves("<answer>R R D</answer>") == ["R", "R", "D"]
     assert moves('<answer>["up", "Left", "down"]</answer>') == ["U", "L", "D"]
@@ -47,7 +47,7 @@ def test_parse_moves_forms():
     assert moves("Let me think about it") is None
     assert moves("<answer>R X D</answer>") is None  # every word inside <answer> must be a move
     assert moves("") is None
-    assert parse_moves("R" * 1000, MOVE_ALIASES, max_moves=7) == ["R"] * 7
+    assert parse_moves("R" * 1000, DIRECTION_ALIASES, max_moves=7) == ["R"] * 7
 
 
 def test_parse_int_grid_forms():
@@ -95,7 +95,7 @@ def test_parsers_never_raise(text):
     answer_text(text)
     code = extract_code(text)
     assert code is None or code.strip()
-    moves = parse_moves(text, MOVE_ALIASES, max_moves=20)
+    moves = parse_moves(text, DIRECTION_ALIASES, max_moves=20)
     assert moves is None or (0 < len(moves) <= 20 and set(moves) <= set("UDLR"))
     grid = parse_int_grid(text, 4, 4, 0, 4)
     assert grid is None or all(len(r) == 4 and all(0 <= v <= 4 for v in r) for r in grid)

@@ -13,6 +13,9 @@ from typing import Mapping
 
 MAX_DIGITS = 6
 
+# Direction words and letters -> the moves U/D/L/R of the grid puzzles.
+DIRECTION_ALIASES = {"u": "U", "up": "U", "d": "D", "down": "D", "l": "L", "left": "L", "r": "R", "right": "R"}
+
 _THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 _ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)
 _INT_RE = re.compile(r"-?[0-9]+")

@@ -1,15 +1,8 @@
-"""Plan-Path prompts and reply parser (moves U/D/L/R)."""
+"""Plan-Path prompts (replies are parsed with ``parsing.parse_moves``)."""
 
 from __future__ import annotations
 
-from pettingllms_verl.agents.parsing import parse_moves
 from pettingllms_verl.agents.tool_plan import PuzzlePrompts
-
-MOVE_ALIASES = {"u": "U", "up": "U", "d": "D", "down": "D", "l": "L", "left": "L", "r": "R", "right": "R"}
-
-
-def parse_path(text: str, max_moves: int) -> list[str] | None:
-    return parse_moves(text, MOVE_ALIASES, max_moves)
 
 
 def render(view: dict) -> str:

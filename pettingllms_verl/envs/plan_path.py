@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any
 
 from pettingllms_verl.agents import plan_path as agents
+from pettingllms_verl.agents.parsing import DIRECTION_ALIASES, parse_moves
 from pettingllms_verl.envs.tool_plan import ToolPlanEnv
 
 STEP_COST = -0.01
@@ -128,7 +129,7 @@ class PlanPathEnv(ToolPlanEnv):
         return {"grid": self._task["grid"], "pos": list(self.position), "goal": self._task["goal"]}
 
     def parse_actions(self, text: str) -> list[str] | None:
-        return agents.parse_path(text, self._max_moves)
+        return parse_moves(text, DIRECTION_ALIASES, self._max_moves)
 
     def apply(self, actions: list[str]) -> tuple[float, dict]:
         dist, table, pos = self._dist, self._next, self.pos
