@@ -1,0 +1,55 @@
+# Two commands on a fresh machine (Python 3.10-3.12, no GPU needed):
+#   make quickstart   install into .venv, build the tiny model + data, run GRPO through verl's main_ppo
+#   make test         install into .venv if missing, run the test suite
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+ARTIFACTS ?= $(CURDIR)/artifacts
+QUICKSTART_STEPS ?= 3
+CKPT_DIR := $(ARTIFACTS)/checkpoints/quickstart_cpu
+export PETTINGLLMS_ARTIFACTS := $(ARTIFACTS)
+export HF_HUB_OFFLINE ?= 1
+# verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
+export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
+
+.PHONY: install model data quickstart test test-fast bench clean
+
+# torch first and pinned: an unpinned torch resolves to a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+$(ARTIFACTS)/tiny_model/config.json: | $(VENV)/.installed
+	$(PY) -m pettingllms_verl.models.tiny --out $(ARTIFACTS)/tiny_model
+
+$(ARTIFACTS)/data/quickstart/train.parquet: | $(VENV)/.installed
+	$(PY) data_prep/quickstart.py --out-dir $(ARTIFACTS)/data/quickstart
+
+model: $(ARTIFACTS)/tiny_model/config.json
+data: $(ARTIFACTS)/data/quickstart/train.parquet
+
+# Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
+# and continues the step count.
+quickstart: model data
+	@done=$$(cat $(CKPT_DIR)/latest_checkpointed_iteration.txt 2>/dev/null || echo 0); \
+	total=$$((done + $(QUICKSTART_STEPS))); \
+	cmd="$(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name quickstart_cpu trainer.total_training_steps=$$total"; \
+	echo "+ $$cmd"; \
+	$$cmd
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(VENV)/.installed
+	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done
+
+clean:
+	rm -rf $(ARTIFACTS)

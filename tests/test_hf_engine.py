@@ -1,0 +1,122 @@
+"""The hf rollout engine: log-probs, sampling parameters, batching, weight updates."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from pettingllms_verl.backends.cpu.hf_engine import HFGenerationEngine, SamplingSpec
+
+LOGPROB_ATOL = 1e-4  # fp32 on CPU: padded batched vs unpadded single forward differ by ~1e-6
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture()
+def model(tiny_model_dir):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+
+
+@pytest.fixture()
+def engine(model, tokenizer):
+    return HFGenerationEngine(model, tokenizer)
+
+
+def prompt_ids(tokenizer, text):
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def reference_log_probs(model, prompt, response, temperature=1.0):
+    """Direct transformers forward over prompt + response, unpadded."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def test_log_probs_equal_direct_forward_in_a_padded_batch(engine, model, tokenizer):
+    prompts = [prompt_ids(tokenizer, t) for t in ("Sum 1 2", "Go from (0,0) to (3,4) on a grid with walls", "x")]
+    assert len({len(p) for p in prompts}) == 3  # different lengths: rows are left-padded
+    torch.manual_seed(1)
+    outs = engine.generate(prompts, [SamplingSpec(max_tokens=12, temperature=0.7)] * 3)
+    for prompt, out in zip(prompts, outs):
+        assert len(out.token_ids) == len(out.log_probs) > 0
+        expected = reference_log_probs(model, prompt, out.token_ids, temperature=0.7)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_temperature_zero_is_greedy(engine, model, tokenizer):
+    prompt = prompt_ids(tokenizer, "Continue: 1 2 3")
+    out = engine.generate([prompt], [SamplingSpec(max_tokens=8, temperature=0.0)])[0]
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(len(out.token_ids)):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert out.token_ids == ids[len(prompt) :]
+    # Greedy is deterministic whatever the RNG state.
+    torch.manual_seed(123)
+    assert engine.generate([prompt], [SamplingSpec(max_tokens=8, temperature=0.0)])[0].token_ids == out.token_ids
+
+
+def test_max_tokens_per_request_in_one_batch(engine, tokenizer):
+    prompt = prompt_ids(tokenizer, "Count")
+    specs = [SamplingSpec(max_tokens=n, temperature=1.0) for n in (1, 3, 7)]
+    outs = engine.generate([prompt] * 3, specs)
+    for spec, out in zip(specs, outs):
+        assert len(out.token_ids) <= spec.max_tokens
+        if out.finish_reason == "length":
+            assert len(out.token_ids) == spec.max_tokens
+
+
+def test_top_k_one_matches_greedy(engine, tokenizer):
+    prompt = prompt_ids(tokenizer, "Plan the path")
+    greedy = engine.generate([prompt], [SamplingSpec(max_tokens=6, temperature=0.0)])[0]
+    top1 = engine.generate([prompt], [SamplingSpec(max_tokens=6, temperature=1.0, top_k=1)])[0]
+    assert top1.token_ids == greedy.token_ids
+
+
+def test_stop_string_ends_generation(engine, tokenizer):
+    prompt = prompt_ids(tokenizer, "Say something")
+    free = engine.generate([prompt], [SamplingSpec(max_tokens=16, temperature=0.0)])[0]
+    assert len(free.token_ids) >= 4, "greedy reply too short to place a stop string inside it"
+    text = tokenizer.decode(free.token_ids)
+    stop = tokenizer.decode(free.token_ids[2:4]).strip() or text[-2:]
+    cut = engine.generate([prompt], [SamplingSpec(max_tokens=16, temperature=0.0, stop=(stop,))])[0]
+    assert cut.finish_reason == "stop"
+    assert stop in tokenizer.decode(cut.token_ids)
+    assert stop not in tokenizer.decode(cut.token_ids[:-1])
+    assert cut.token_ids == free.token_ids[: len(cut.token_ids)]
+
+
+def test_sampling_spec_from_verl_caps_max_tokens():
+    spec = SamplingSpec.from_verl({"temperature": 0, "top_k": -1, "max_tokens": 500, "stop": "\n\n"}, default_max_tokens=32)
+    assert spec.max_tokens == 32 and spec.greedy and spec.stop == ("\n\n",)
+    assert SamplingSpec.from_verl({}, default_max_tokens=5).max_tokens == 5
+
+
+def test_weight_update_makes_next_token_distribution_equal_the_updated_model(engine, tiny_model_dir, tokenizer):
+    # One optimiser step on a separate copy (the "actor"); push its weights into the engine.
+    actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    prompt = prompt_ids(tokenizer, "update me")
+    ids = torch.tensor([prompt])
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-2)
+    actor(ids, labels=ids).loss.backward()
+    optimizer.step()
+
+    def next_token_log_probs(model):
+        with torch.no_grad():
+            return torch.log_softmax(model(ids).logits[0, -1], -1)
+
+    before = next_token_log_probs(engine.model)
+    assert (before - next_token_log_probs(actor)).abs().max() > 1e-2  # the update really moved the policy
+    loaded = engine.load_weights(dict(actor.state_dict()))
+    assert loaded == len(actor.state_dict())
+    torch.testing.assert_close(next_token_log_probs(engine.model), next_token_log_probs(actor), atol=1e-6, rtol=0)
+
+
+def test_weight_update_rejects_unknown_names(engine):
+    with pytest.raises(KeyError, match="not in the rollout model"):
+        engine.load_weights({"model.layers.99.mlp.up_proj.weight": torch.zeros(1)})

@@ -1,0 +1,64 @@
+"""Bad config values are reported in the driver, naming the key, the value and the fix."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from pettingllms_verl.preflight import ConfigError, check
+
+RECIPES = os.path.join(os.path.dirname(__file__), "..", "recipes")
+
+
+def config(tmp_path, **overrides):
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"")
+    base = {
+        "actor_rollout_ref": {"model": {"path": str(model)}, "rollout": {"name": "hf"}},
+        "data": {"train_files": str(train), "val_files": [str(train)]},
+        "trainer": {"n_gpus_per_node": 1, "nnodes": 1},
+        "ray_kwargs": {"ray_init": {"num_gpus": 1}},
+    }
+    return OmegaConf.merge(base, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
+
+
+def test_valid_config_passes(tmp_path):
+    check(config(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("actor_rollout_ref.model.path", "/nonexistent/tiny_model"),
+        ("data.train_files", "/nonexistent/train.parquet"),
+        ("data.val_files", "[/nonexistent/test.parquet]"),
+    ],
+)
+def test_missing_path_names_key_and_path(tmp_path, key, value):
+    with pytest.raises(ConfigError) as error:
+        check(config(tmp_path, **{key: value}))
+    assert error.value.key == key
+    assert "/nonexistent/" in str(error.value) and "fix:" in str(error.value)
+
+
+def test_too_few_ray_gpu_slots_for_trainer_ranks(tmp_path):
+    with pytest.raises(ConfigError, match="ray_kwargs.ray_init.num_gpus"):
+        check(config(tmp_path, **{"trainer.n_gpus_per_node": 2}))
+
+
+def test_main_ppo_reports_missing_dataset_in_driver_without_starting_ray(tmp_path, tiny_model_dir):
+    missing = tmp_path / "nope" / "train.parquet"
+    result = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.abspath(RECIPES),
+         "--config-name", "quickstart_cpu", f"data.train_files={missing}",
+         f"actor_rollout_ref.model.path={tiny_model_dir}"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(tmp_path)},
+    )
+    assert result.returncode == 2
+    assert f"data.train_files: dataset file not found: {missing}" in result.stderr
+    assert "Traceback" not in result.stderr and "ray init" not in result.stdout
