@@ -44,6 +44,7 @@ def test_parse_moves_forms():
     assert moves('<answer>["up", "Left", "down"]</answer>') == ["U", "L", "D"]
     assert moves("<answer>URRD</answer>") == ["U", "R", "R", "D"]
     assert moves("I think we should go right then down.\nR, D") == ["R", "D"]
+    assert moves("<answer>Moves: R, D</answer>") == ["R", "D"]
     assert moves("Let me think about it") is None
     assert moves("<answer>R X D</answer>") is None  # every word inside <answer> must be a move
     assert moves("") is None

@@ -69,7 +69,8 @@ def parse_moves(text: str, aliases: Mapping[str, str], max_moves: int) -> list[s
 
     ``aliases`` maps lower-case words and single letters to canonical moves (e.g. ``"up": "U",
     "u": "U"``). Inside ``<answer>`` every word must be a move; without it, the last line made only
-    of moves is taken, so chatter before the answer is ignored. Runs of single-letter moves
+    of moves is taken, so chatter before the answer is ignored. A label up to the last ``:`` of
+    the line is dropped (``Moves: R D``). Runs of single-letter moves
     (``URRD``) are split. At most ``max_moves`` moves are returned. None when no move list is found.
     """
     text = strip_think(text)
@@ -84,7 +85,7 @@ def parse_moves(text: str, aliases: Mapping[str, str], max_moves: int) -> list[s
 
 def _moves_of_line(line: str, aliases: Mapping[str, str], max_moves: int) -> list[str] | None:
     moves: list[str] = []
-    for word in _WORD_RE.findall(line):
+    for word in _WORD_RE.findall(line.rpartition(":")[2]):  # "Moves: R D" -> "R D"
         word = word.lower()
         move = aliases.get(word)
         if move is not None:

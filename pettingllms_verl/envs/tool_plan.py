@@ -33,7 +33,7 @@ PARSE_PENALTY = -0.5
 TOOL_FAILURE_PENALTY = -0.25
 
 # Sandbox limits of a tool program; override with the env config key "tool_limits".
-DEFAULT_TOOL_LIMITS = {"wall_s": 5.0, "cpu_s": 3.0, "memory_mb": 512, "max_output_bytes": 16_384}
+DEFAULT_TOOL_LIMITS = {"wall_s": 5.0, "cpu_s": 3, "memory_mb": 512, "max_output_bytes": 16_384}
 
 
 def run_tool(code: str, stdin: str, limits: dict) -> Any:
@@ -113,7 +113,7 @@ class ToolPlanEnv(Env):
             return StepResult(PARSE_PENALTY, False, {"tool_status": "no_code"})
         run = run_tool(code, json.dumps(self.view()), self.tool_limits)
         self.tool_code = code
-        self.tool_output = run.stdout if run.ok else f"[{run.status}]\n{run.stdout}\n{run.stderr[-300:]}"
+        self.tool_output = run.stdout if run.ok else f"[{run.status}] {run.stdout}\n{run.stderr[-300:]}".strip()
         if not run.ok:
             return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": run.status})
         actions = self.parse_actions(run.stdout)
