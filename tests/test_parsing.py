@@ -75,6 +75,7 @@ def test_parse_int_tuples_and_last_int():
     assert last_int("cell 12", 0, 8) is None
     assert int_or_none("٣") is None  # non-ASCII digits are not numbers here
     assert int_or_none("-12") == -12
+    assert int_or_none("--5") is None and int_or_none("1e3") is None and int_or_none("") is None
 
 
 model_text = st.one_of(
@@ -92,6 +93,7 @@ model_text = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(model_text)
 def test_parsers_never_raise(text):
+    int_or_none(text)
     strip_think(text)
     answer_text(text)
     code = extract_code(text)

@@ -58,7 +58,7 @@ def extract_code(text: str, languages: tuple[str, ...] = ("python", "py", "pytho
 
 def int_or_none(token: str) -> int | None:
     """``int(token)`` for a plain decimal of at most ``MAX_DIGITS`` digits, else None."""
-    digits = token.lstrip("-")
+    digits = token[1:] if token.startswith("-") else token
     if not digits.isascii() or not digits.isdigit() or len(digits) > MAX_DIGITS:
         return None
     return int(token)
