@@ -22,6 +22,8 @@ SAMPLE_REPLIES = {
     "plan_path": "<answer>R</answer>",
     "sokoban": "<answer>R</answer>",
     "sudoku": "<answer>[0, 1, 2]</answer>",
+    "tictactoe": "<answer>4</answer>",
+    "hanabi": "<answer>play 0</answer>",
 }
 
 
