@@ -1,0 +1,89 @@
+"""Rollout throughput of the hf replica, and the quickstart's steady-state step time.
+
+1. Tokens/s on the tiny model for N concurrent requests: batched (one generate per batch, as the
+   server does) vs one request at a time. Greedy-free sampling at temperature 1 with eos disabled
+   by a fixed token budget, so both modes generate the same number of tokens.
+2. (--step-metrics FILE) mean per-phase times of a quickstart run from verl's file logger,
+   skipping step 1 (worker warm-up).
+
+    python benchmarks/bench_rollout.py [--requests 8] [--tokens 32] [--step-metrics run.jsonl]
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from pettingllms_verl.backends.cpu.hf_engine import HFGenerationEngine, SamplingSpec
+from pettingllms_verl.models.tiny import build
+
+STEP_PHASES = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights", "timing_s/step")
+
+
+def rollout_rates(requests: int, tokens: int, repeats: int = 3) -> dict:
+    model_dir = build(tempfile.mkdtemp(prefix="bench_tiny_"), seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    engine = HFGenerationEngine(model, tokenizer)
+    engine.eos_token_ids = [len(tokenizer) + 1]  # an id never sampled: fixed-length replies, equal work in both modes
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": f"request {i}: 3 1 4 1 5"}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        for i in range(requests)
+    ]
+    spec = SamplingSpec(max_tokens=tokens, temperature=1.0)
+
+    def best_rate(fn) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            generated = fn()
+            best = min(best, time.perf_counter() - start)
+        return generated / best
+
+    batched = best_rate(lambda: sum(len(o.token_ids) for o in engine.generate(prompts, [spec] * requests)))
+    serial = best_rate(lambda: sum(len(engine.generate([p], [spec])[0].token_ids) for p in prompts))
+    return {"requests": requests, "tokens_per_request": tokens, "batched_tokens_per_s": batched,
+            "one_at_a_time_tokens_per_s": serial, "speedup": batched / serial}
+
+
+def step_breakdown(metrics_path: str) -> dict:
+    records = [json.loads(line) for line in open(metrics_path)]
+    steady = [r["data"] for r in records if r["step"] > 1] or [r["data"] for r in records]
+    return {phase: sum(d[phase] for d in steady) / len(steady) for phase in STEP_PHASES if phase in steady[0]} | {
+        "steps_averaged": len(steady)
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=8, help="concurrent requests")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
+    parser.add_argument("--step-metrics", help="verl file-logger jsonl of a quickstart run")
+    parser.add_argument("--out", default="benchmarks/results/rollout.json", help="JSON output path")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # as the hf server does on CPU (see hf_rollout.py)
+    result = {"rollout": rollout_rates(args.requests, args.tokens)}
+    r = result["rollout"]
+    print(f"| hf rollout, {r['requests']} requests x {r['tokens_per_request']} tokens | tokens/s |")
+    print("|---|---|")
+    print(f"| batched (one generate call) | {r['batched_tokens_per_s']:.0f} |")
+    print(f"| one at a time | {r['one_at_a_time_tokens_per_s']:.0f} |")
+    print(f"| speed-up | {r['speedup']:.1f}x |")
+    if args.step_metrics:
+        result["quickstart_step_s"] = step_breakdown(args.step_metrics)
+        print("\n| quickstart steady-state phase | seconds |\n|---|---|")
+        for phase, seconds in result["quickstart_step_s"].items():
+            print(f"| {phase} | {seconds:.3f} |" if phase != "steps_averaged" else f"| steps averaged | {seconds} |")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"\nwrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
