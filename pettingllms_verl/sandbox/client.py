@@ -1,0 +1,194 @@
+"""Caller side: ``run_python`` and the lifecycle of the fork server (see ``forkserver``).
+
+Thread-safe: each call borrows a connection of its own from a pool, so concurrent callers never
+share a socket and wait only in the kernel (the GIL is released while the run goes on).
+"""
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+from pettingllms_verl.sandbox import forkserver
+
+# Beyond its wall limit a run may also wait its turn behind MAX_PARALLEL others; a reply later
+# than this means the server is wedged, which is raised, never waited out.
+_REPLY_GRACE_S = 300.0
+_SERVER_START_TIMEOUT_S = 30.0
+# Runs beyond this wait in the server's queue, so a burst of rollouts cannot starve the trainer.
+MAX_PARALLEL = 2 * (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    wall_s: float = 5.0  # wall-clock seconds before the run's processes are killed (status "timeout")
+    cpu_s: int = 5  # CPU seconds per process (RLIMIT_CPU); beyond it the kernel kills it (status "killed")
+    memory_mb: int = 512  # address space per process (RLIMIT_AS), MiB; allocations beyond it fail
+    max_output_bytes: int = 64_000  # cap per stream; beyond it the run is killed (status "output_too_large")
+
+    def __post_init__(self):
+        if self.wall_s <= 0 or self.cpu_s < 1 or self.memory_mb < 1 or self.max_output_bytes < 0:
+            raise ValueError(f"invalid sandbox limits: {self}")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    status: str  # "ok" | "error" | "timeout" | "killed" | "output_too_large"
+    stdout: str
+    stderr: str
+    returncode: int | None  # exit code, or -signal number when killed (as in subprocess)
+    wall_s: float  # seconds the run took, from fork to exit (time queued excluded)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class _ForkServerHandle:
+    def __init__(self):
+        self._control, server_end = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", forkserver.__file__, str(server_end.fileno()), str(MAX_PARALLEL)],
+            pass_fds=[server_end.fileno()],
+            env={},  # nothing of the trainer's environment, secrets included, reaches the server
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C meant for the trainer does not kill runs mid-way
+        )
+        server_end.close()
+        self._lock = threading.Lock()
+        self._idle: list[socket.socket] = []
+        self._control.settimeout(_SERVER_START_TIMEOUT_S)
+        try:
+            self.isolation: dict = forkserver.recv_frame(self._control)
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, request: dict, timeout_s: float) -> dict:
+        conn = self._borrow()
+        try:
+            conn.settimeout(timeout_s)
+            forkserver.send_frame(conn, request)
+            reply = forkserver.recv_frame(conn)
+        except BaseException:
+            conn.close()  # the server kills a run whose caller hangs up
+            raise
+        with self._lock:
+            self._idle.append(conn)
+        return reply
+
+    def _borrow(self) -> socket.socket:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            ours, theirs = socket.socketpair()
+            with theirs:
+                socket.send_fds(self._control, [b"c"], [theirs.fileno()])
+            return ours
+
+    def is_dead(self) -> bool:
+        try:
+            self.process.wait(timeout=1.0)  # a server that just died may not have exited yet
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Closing the control socket tells the server to kill its runs and exit."""
+        for conn in self._idle:
+            conn.close()
+        self._control.close()
+        try:
+            self.process.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_server: _ForkServerHandle | None = None
+_server_lock = threading.Lock()
+
+
+def _current_server() -> _ForkServerHandle:
+    global _server
+    with _server_lock:
+        if _server is None:
+            _server = _ForkServerHandle()
+        return _server
+
+
+def _discard_if_dead(server: _ForkServerHandle) -> None:
+    global _server
+    if not server.is_dead():
+        return
+    with _server_lock:
+        if _server is server:
+            _server = None
+    server.close()
+
+
+def _shutdown() -> None:
+    global _server
+    with _server_lock:
+        server, _server = _server, None
+    if server is not None:
+        server.close()
+
+
+def _forget_after_fork() -> None:
+    """A forked copy of the trainer must start its own server, not share its parent's sockets."""
+    global _server, _server_lock
+    _server_lock = threading.Lock()
+    if _server is not None:
+        for conn in [*_server._idle, _server._control]:
+            conn.close()  # only this process's copies; the parent keeps its server
+        _server = None
+
+
+atexit.register(_shutdown)
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def isolation() -> dict:
+    """What the OS granted the server: {"network": bool, "drop_uid": bool, "keep_read": bool}."""
+    return dict(_current_server().isolation)
+
+
+def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
+    """Run `code` as ``python -c`` would, in a sandboxed process; never in this one.
+
+    Raises RuntimeError only when the sandbox itself fails (its server died twice in a row or is
+    wedged); every outcome of the code itself is a SandboxResult.
+    """
+    limits = limits or SandboxLimits()
+    request = {
+        "code": code,
+        "stdin": stdin.encode("utf-8", "surrogatepass"),  # never raises, whatever the str holds
+        "wall_s": float(limits.wall_s),
+        "cpu_s": int(limits.cpu_s),
+        "memory_mb": int(limits.memory_mb),
+        "max_output_bytes": int(limits.max_output_bytes),
+    }
+    failure: Exception | None = None
+    for _ in range(2):  # one retry, on a restarted server if the first one died
+        server = _current_server()
+        try:
+            reply = server.call(request, timeout_s=limits.wall_s + _REPLY_GRACE_S)
+        except TimeoutError as exc:
+            raise RuntimeError("sandbox fork server did not reply in time") from exc
+        except ConnectionError as exc:
+            failure = exc
+            _discard_if_dead(server)
+            continue
+        return SandboxResult(
+            status=reply["status"],
+            stdout=reply["stdout"].decode("utf-8", "replace"),
+            stderr=reply["stderr"].decode("utf-8", "replace"),
+            returncode=reply["returncode"],
+            wall_s=reply["wall_s"],
+        )
+    raise RuntimeError("sandbox fork server failed") from failure

@@ -1,0 +1,252 @@
+"""Sandbox: outcomes, limits, isolation, and concurrency of run_python."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from pettingllms_verl.sandbox import SandboxLimits, SandboxResult, run_python
+from pettingllms_verl.sandbox import client
+
+FAKE_SECRET = "sk-fake-secret-0123456789"
+# Set at import, i.e. at collection, before any test starts the fork server: if the server or
+# its children inherited the caller's environment, this would reach them.
+os.environ["PETTINGLLMS_TEST_FAKE_SECRET"] = FAKE_SECRET
+
+MARGIN_S = 1.5  # process start-up and scheduling noise on a loaded 2-core machine
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting for its reaper counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_dead(pid: int, within_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_ok_returns_stdout_and_exit_code():
+    res = run_python("print('hello'); print(6 * 7)")
+    assert isinstance(res, SandboxResult)
+    assert (res.status, res.ok, res.returncode) == ("ok", True, 0)
+    assert res.stdout == "hello\n42\n"
+    assert res.stderr == ""
+    assert res.wall_s > 0
+
+
+def test_stdin_is_passed():
+    res = run_python("import sys\nfor line in sys.stdin: print(int(line) * 2)", stdin="1\n2\n3\n")
+    assert res.ok
+    assert res.stdout == "2\n4\n6\n"
+
+
+def test_exception_is_error_with_traceback():
+    res = run_python("x = 1\nraise ValueError('boom')")
+    assert res.status == "error" and not res.ok
+    assert res.returncode == 1
+    assert res.stderr.startswith("Traceback (most recent call last):")
+    assert 'File "<string>", line 2' in res.stderr
+    assert "ValueError: boom" in res.stderr
+    assert "forkserver" not in res.stderr  # the traceback starts in the run's own code
+
+
+def test_nonzero_exit_is_error_and_syntax_error_reported():
+    exited = run_python("import sys; sys.exit(3)")
+    assert (exited.status, exited.returncode) == ("error", 3)
+    res = run_python("def f(:\n  pass")
+    assert res.status == "error" and "SyntaxError" in res.stderr
+
+
+def test_code_never_runs_in_the_calling_process():
+    res = run_python("import os; print(os.getpid(), os.getppid())")
+    pid, ppid = map(int, res.stdout.split())
+    assert os.getpid() not in (pid, ppid)
+
+
+def test_wall_limit_stops_a_sleeping_run():
+    limits = SandboxLimits(wall_s=1.0, cpu_s=30)
+    start = time.monotonic()
+    res = run_python("import time\nprint('started', flush=True)\ntime.sleep(60)", limits=limits)
+    elapsed = time.monotonic() - start
+    assert res.status == "timeout"
+    assert res.stdout == "started\n"  # output before the kill is kept
+    assert 1.0 <= elapsed < 1.0 + MARGIN_S
+
+
+def test_cpu_limit_kills_a_busy_loop():
+    # Wall time is no measure here (a niced run on a busy machine gets little CPU): the signal is.
+    res = run_python("while True: pass", limits=SandboxLimits(wall_s=15.0, cpu_s=1))
+    assert res.status == "killed"
+    assert res.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
+
+
+def test_huge_allocation_fails():
+    res = run_python("x = bytearray(4 * 1024**3)\nprint('allocated')", limits=SandboxLimits(memory_mb=256))
+    assert res.status in ("error", "killed")
+    assert "allocated" not in res.stdout
+    # The same program is fine when the limit allows it, so the limit (in MiB) is what stopped it.
+    assert run_python("x = bytearray(64 * 1024**2)", limits=SandboxLimits(memory_mb=512)).ok
+
+
+def test_output_flood_is_capped_and_stopped():
+    limits = SandboxLimits(max_output_bytes=1000, wall_s=5.0)
+    start = time.monotonic()
+    res = run_python("while True: print('x' * 99)", limits=limits)
+    assert res.status == "output_too_large"
+    assert len(res.stdout) == 1000 and set(res.stdout) == {"x", "\n"}
+    assert time.monotonic() - start < 2.0  # killed at the cap, not at the wall limit
+
+
+def test_stderr_flood_is_capped_too():
+    res = run_python("import sys\nwhile True: sys.stderr.write('e' * 100)", limits=SandboxLimits(max_output_bytes=500))
+    assert res.status == "output_too_large"
+    assert len(res.stderr) == 500
+
+
+LOOPING_GRANDCHILD = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    if {escape_group}:
+        os.setsid()  # leaves the run's process group
+    while True:
+        pass
+print(pid, flush=True)
+{parent_then}
+"""
+
+
+@pytest.mark.parametrize(
+    "escape_group, parent_then, expected_status",
+    [
+        (False, "time.sleep(60)", "timeout"),  # the run times out
+        (True, "sys.exit(0)", "ok"),  # the run ends, leaving an escaped child behind
+    ],
+)
+def test_forked_grandchild_does_not_survive(escape_group, parent_then, expected_status):
+    if escape_group and not client.isolation()["drop_uid"]:
+        pytest.skip("killing processes that left the group needs a per-run uid (root)")
+    code = LOOPING_GRANDCHILD.format(escape_group=escape_group, parent_then=parent_then)
+    res = run_python(code, limits=SandboxLimits(wall_s=1.0))
+    assert res.status == expected_status
+    grandchild = int(res.stdout)
+    assert _wait_dead(grandchild)
+
+
+def test_parent_environment_is_not_visible():
+    assert os.environ["PETTINGLLMS_TEST_FAKE_SECRET"] == FAKE_SECRET
+    res = run_python("import os; print(sorted(os.environ)); print(open('/proc/self/environ').read())")
+    assert res.ok
+    assert FAKE_SECRET not in res.stdout
+    assert "HF_HUB_OFFLINE" not in res.stdout  # set by conftest in this process
+    assert res.stdout.splitlines()[0] == "['HOME', 'LANG', 'PATH', 'TMPDIR']"
+
+
+def test_working_dir_is_fresh_and_removed():
+    code = "import os\nprint(os.getcwd())\nprint(os.listdir('.'))\nopen('out.txt', 'w').write('data')"
+    first, second = run_python(code), run_python(code)
+    assert first.ok and second.ok
+    first_dir, first_listing = first.stdout.splitlines()
+    second_dir, second_listing = second.stdout.splitlines()
+    assert first_listing == second_listing == "[]"  # the file of the first run is not seen
+    assert first_dir != second_dir
+    assert not os.path.exists(first_dir) and not os.path.exists(second_dir)
+
+
+def _network_namespaces_permitted() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _network_namespaces_permitted(), reason="the OS refuses new network namespaces")
+def test_network_is_unreachable():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = (
+            "import socket\n"
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "print('connected')"
+        )
+        res = run_python(code)
+    assert res.status == "error"
+    assert "connected" not in res.stdout
+    assert "Network is unreachable" in res.stderr
+    assert client.isolation()["network"]
+
+
+def test_cannot_signal_the_caller():
+    if not client.isolation()["drop_uid"]:
+        pytest.skip("runs share the caller's uid without root")
+    res = run_python(f"import os, signal; os.kill({os.getpid()}, signal.SIGTERM)")
+    assert res.status == "error" and "PermissionError" in res.stderr
+
+
+def test_concurrent_calls_do_not_mix_outputs():
+    n_calls = 16
+    results: dict[int, SandboxResult] = {}
+    code = "import sys, time\ndata = sys.stdin.read()\ntime.sleep(0.05)\nprint(data * 2)"
+
+    def call(i: int) -> None:
+        results[i] = run_python(code, stdin=f"<{i}>")
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n_calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {i: r.stdout for i, r in results.items()} == {i: f"<{i}><{i}>\n" for i in range(n_calls)}
+    assert all(r.ok for r in results.values())
+
+
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        ("import os\nos.close(1); os.close(2)\nimport time; time.sleep(0.2)", ("ok", 0)),  # closes its pipes
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", ("killed", -signal.SIGKILL)),
+        ("import os; os.abort()", ("killed", -signal.SIGABRT)),
+    ],
+)
+def test_hostile_runs_do_not_wedge_the_server(code, expected):
+    res = run_python(code, limits=SandboxLimits(wall_s=2.0))
+    assert (res.status, res.returncode) == expected
+    assert run_python("print('still serving')").stdout == "still serving\n"
+
+
+def test_a_sleeping_run_does_not_block_other_callers():
+    sleeper = threading.Thread(
+        target=run_python, args=("import time; time.sleep(30)",), kwargs={"limits": SandboxLimits(wall_s=1.5)}
+    )
+    sleeper.start()
+    time.sleep(0.2)
+    start = time.monotonic()
+    assert run_python("print('quick')").stdout == "quick\n"
+    assert time.monotonic() - start < 1.0
+    assert sleeper.is_alive()  # the quick call really overlapped the sleeping one
+    sleeper.join()
+
+
+def test_server_is_restarted_after_dying():
+    assert run_python("print(1)").ok
+    server = client._current_server()
+    server.process.kill()
+    server.process.wait()
+    assert run_python("print(2)").stdout == "2\n"
+    assert client._current_server() is not server
