@@ -1,0 +1,24 @@
+"""AT-GRPO: group keys, reward mixing, advantages (pure tensor functions).
+
+Importing this package registers the ``at_grpo`` advantage estimator with verl.
+"""
+
+from pettingllms_verl.algo.at_grpo import (
+    AT_GRPO,
+    compute_at_grpo_advantage,
+    group_ids,
+    group_stats,
+    mix_rewards,
+    register_at_grpo,
+    zero_variance_frac,
+)
+
+__all__ = [
+    "AT_GRPO",
+    "compute_at_grpo_advantage",
+    "group_ids",
+    "group_stats",
+    "mix_rewards",
+    "register_at_grpo",
+    "zero_variance_frac",
+]
