@@ -41,23 +41,6 @@ print(" ".join(reversed(moves)))
 ```"""
 
 
-# TEMPORARY until pettingllms_verl.sandbox lands: run tool programs in a plain subprocess.
-@pytest.fixture
-def tool_runner(monkeypatch):
-    import subprocess
-    import sys
-    import types
-
-    from pettingllms_verl.envs import tool_plan
-
-    def fake(code, stdin, limits):
-        proc = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, text=True, timeout=10)
-        status = "ok" if proc.returncode == 0 else "error"
-        return types.SimpleNamespace(status=status, ok=status == "ok", stdout=proc.stdout, stderr=proc.stderr)
-
-    monkeypatch.setattr(tool_plan, "run_tool", fake)
-
-
 def env_at(task=DETOUR, **config):
     env = make("plan_path", **config)
     env.reset(0, task)
@@ -163,7 +146,7 @@ def test_clones_are_independent():
     assert second.position == (0, 1) and grandchild.position == (0, 2)
 
 
-def test_tool_actions_scored_on_clone_not_applied(tool_runner):
+def test_tool_actions_scored_on_clone_not_applied():
     env = env_at()
     before = env.view()
     result = env.step("tool", BFS_PROGRAM)
@@ -175,8 +158,11 @@ def test_tool_actions_scored_on_clone_not_applied(tool_runner):
     assert "queue.popleft()" in plan_prompt and "R R R D D L L L" in plan_prompt
 
 
-def test_tool_failures_are_penalised(tool_runner):
-    env = env_at()
+def test_tool_failures_are_penalised():
+    env = env_at(tool_limits={"wall_s": 0.5})
+    stuck = env.step("tool", "```python\nwhile True:\n    pass\n```")
+    assert stuck.local_reward == TOOL_FAILURE_PENALTY and stuck.info["tool_status"] == "timeout"
+    assert env.observation("plan")[1]["content"].endswith("[timeout]")
     crashed = env.step("tool", "```python\nraise SystemExit(3)\n```")
     assert crashed.local_reward == TOOL_FAILURE_PENALTY and crashed.info["tool_status"] == "error"
     garbage = env.step("tool", "```python\nprint('no idea')\n```")

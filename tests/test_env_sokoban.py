@@ -19,23 +19,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORRIDOR = {"room": ["######", "#@$ .#", "#    #", "######"], "max_steps": 6}
 
 
-# TEMPORARY until pettingllms_verl.sandbox lands: run tool programs in a plain subprocess.
-@pytest.fixture
-def tool_runner(monkeypatch):
-    import subprocess
-    import sys
-    import types
-
-    from pettingllms_verl.envs import tool_plan
-
-    def fake(code, stdin, limits):
-        proc = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, text=True, timeout=10)
-        status = "ok" if proc.returncode == 0 else "error"
-        return types.SimpleNamespace(status=status, ok=status == "ok", stdout=proc.stdout, stderr=proc.stderr)
-
-    monkeypatch.setattr(tool_plan, "run_tool", fake)
-
-
 def env_at(task=CORRIDOR, **config):
     env = make("sokoban", **config)
     env.reset(0, task)
@@ -171,7 +154,7 @@ def test_clones_are_independent():
     assert second.view()["player"] == [2, 1] and first.view()["player"] == [1, 3] and parent.view()["player"] == [1, 1]
 
 
-def test_tool_actions_scored_on_clone_not_applied(tool_runner):
+def test_tool_actions_scored_on_clone_not_applied():
     env = env_at()
     before = env.view()
     program = "```python\nimport json, sys\nstate = json.load(sys.stdin)\nprint('R R' if state['player'] == [1, 1] else 'U')\n```"

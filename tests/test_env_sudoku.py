@@ -21,23 +21,6 @@ CLUES = {(r, c): v for r, row in enumerate(PUZZLE) for c, v in enumerate(row) if
 TASK = {"puzzle": PUZZLE, "solution": SOLUTION}
 
 
-# TEMPORARY until pettingllms_verl.sandbox lands: run tool programs in a plain subprocess.
-@pytest.fixture
-def tool_runner(monkeypatch):
-    import subprocess
-    import sys
-    import types
-
-    from pettingllms_verl.envs import tool_plan
-
-    def fake(code, stdin, limits):
-        proc = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, text=True, timeout=10)
-        status = "ok" if proc.returncode == 0 else "error"
-        return types.SimpleNamespace(status=status, ok=status == "ok", stdout=proc.stdout, stderr=proc.stderr)
-
-    monkeypatch.setattr(tool_plan, "run_tool", fake)
-
-
 def env_at(task=TASK, **config):
     env = make("sudoku", **config)
     env.reset(0, task)
@@ -157,7 +140,7 @@ def test_clones_are_independent():
     assert second.view()["grid"][3][0] == 4 and parent.view()["grid"][3][0] == 0 and first.view()["grid"] == SOLUTION
 
 
-def test_tool_actions_scored_on_clone_not_applied(tool_runner):
+def test_tool_actions_scored_on_clone_not_applied():
     env = env_at()
     solver = (
         "```python\nimport json, sys, itertools\ng = json.load(sys.stdin)['grid']\n"

@@ -28,19 +28,13 @@ from typing import Any, ClassVar
 from pettingllms_verl.agents.parsing import extract_code
 from pettingllms_verl.agents.tool_plan import PuzzlePrompts, plan_messages, tool_messages
 from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+from pettingllms_verl.sandbox import SandboxLimits, run_python
 
 PARSE_PENALTY = -0.5
 TOOL_FAILURE_PENALTY = -0.25
 
 # Sandbox limits of a tool program; override with the env config key "tool_limits".
 DEFAULT_TOOL_LIMITS = {"wall_s": 5.0, "cpu_s": 3, "memory_mb": 512, "max_output_bytes": 16_384}
-
-
-def run_tool(code: str, stdin: str, limits: dict) -> Any:
-    """Run a tool program in the sandbox (a seam kept in one place)."""
-    from pettingllms_verl.sandbox import SandboxLimits, run_python
-
-    return run_python(code, stdin=stdin, limits=SandboxLimits(**limits))
 
 
 class ToolPlanEnv(Env):
@@ -51,7 +45,7 @@ class ToolPlanEnv(Env):
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
         self.max_turns = int(config.get("max_turns", self.default_max_turns))
-        self.tool_limits = {**DEFAULT_TOOL_LIMITS, **config.get("tool_limits", {})}
+        self.tool_limits = SandboxLimits(**{**DEFAULT_TOOL_LIMITS, **config.get("tool_limits", {})})
 
     # --- puzzle-specific -------------------------------------------------------------------
 
@@ -111,7 +105,7 @@ class ToolPlanEnv(Env):
         code = extract_code(text)
         if code is None:
             return StepResult(PARSE_PENALTY, False, {"tool_status": "no_code"})
-        run = run_tool(code, json.dumps(self.view()), self.tool_limits)
+        run = run_python(code, stdin=json.dumps(self.view()), limits=self.tool_limits)
         self.tool_code = code
         self.tool_output = run.stdout if run.ok else f"[{run.status}] {run.stdout}\n{run.stderr[-300:]}".strip()
         if not run.ok:
