@@ -1,5 +1,6 @@
 """Sandbox: outcomes, limits, isolation, and concurrency of run_python."""
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -53,6 +54,16 @@ def test_stdin_is_passed():
     res = run_python("import sys\nfor line in sys.stdin: print(int(line) * 2)", stdin="1\n2\n3\n")
     assert res.ok
     assert res.stdout == "2\n4\n6\n"
+    big = "7" * 3_000_000  # far beyond a pipe's buffer: a run that reads late must not deadlock
+    assert run_python("import sys; print(len(sys.stdin.read()))", stdin=big).stdout == "3000000\n"
+
+
+def test_default_limits_and_frozen():
+    assert SandboxLimits() == SandboxLimits(wall_s=5.0, cpu_s=5, memory_mb=512, max_output_bytes=64_000)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SandboxLimits().wall_s = 1.0
+    with pytest.raises(ValueError):
+        SandboxLimits(wall_s=0)
 
 
 def test_exception_is_error_with_traceback():
@@ -120,12 +131,15 @@ def test_stderr_flood_is_capped_too():
 
 LOOPING_GRANDCHILD = """
 import os, sys, time
+ready_r, ready_w = os.pipe()
 pid = os.fork()
 if pid == 0:
     if {escape_group}:
         os.setsid()  # leaves the run's process group
+    os.write(ready_w, b"x")
     while True:
         pass
+os.read(ready_r, 1)  # the parent ends only once the child is looping (and has escaped)
 print(pid, flush=True)
 {parent_then}
 """
@@ -195,8 +209,22 @@ def test_network_is_unreachable():
 def test_cannot_signal_the_caller():
     if not client.isolation()["drop_uid"]:
         pytest.skip("runs share the caller's uid without root")
-    res = run_python(f"import os, signal; os.kill({os.getpid()}, signal.SIGTERM)")
+    # Signal 0 checks the permission without delivering anything, so a failure here harms nobody.
+    res = run_python(f"import os; os.kill({os.getpid()}, 0)")
     assert res.status == "error" and "PermissionError" in res.stderr
+
+
+def test_parallel_runs_are_capped():
+    # One run more than the cap must wait for a free slot: two waves of sleeps, not one.
+    n_runs, sleep_s = client.MAX_PARALLEL + 1, 0.4
+    code = f"import time; time.sleep({sleep_s})"
+    threads = [threading.Thread(target=run_python, args=(code,)) for _ in range(n_runs)]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert time.monotonic() - start >= 2 * sleep_s
 
 
 def test_concurrent_calls_do_not_mix_outputs():
