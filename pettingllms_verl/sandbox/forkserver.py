@@ -492,18 +492,19 @@ def _prepare_runs() -> None:
     compile("", "<string>", "exec")  # builds the ~100 AST types, lazily made by the first compile()
 
     # The run's standard streams, as `python -c` sets them up for pipes. They refer to fds 0-2
-    # only, which each child points at its own input and pipes before using them.
+    # only, which each child points at its own input and pipes before using them. Installed here
+    # so that no child pays for freeing the streams they replace.
     _run_stdio = (
         open(0, encoding="utf-8", errors="surrogateescape", closefd=False),
         open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False),
         open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False),
     )
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = _run_stdio
     os.environ.clear()  # the client passes none, but what the runs see is decided here
     os.environ.update(_RUN_ENV)
 
 
 def _exec_as_main(code: str) -> int:
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = _run_stdio
     sys.argv = ["-c"]
     sys.path.insert(0, "")  # the working directory, as for `python -c`
     main = types.ModuleType("__main__")
