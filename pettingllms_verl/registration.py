@@ -12,6 +12,7 @@ import sys
 logger = logging.getLogger(__name__)
 
 _HF_ADAPTER = "pettingllms_verl.backends.cpu.hf_rollout.HFServerAdapter"
+_EPISODE_LOOP = "pettingllms_verl.rollout.agent_loop.EpisodeAgentLoop"
 
 _registered = False
 
@@ -39,7 +40,20 @@ def _check() -> list[str]:
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    from pettingllms_verl.data.rows import EPISODE_AGENT
+    from pettingllms_verl.trainer.mas_trainer import TRAINER_MODE
+
     missing = []
+    if "at_grpo" not in ADV_ESTIMATOR_REGISTRY:
+        missing.append("advantage estimator 'at_grpo'")
+    if _agent_loop_registry.get(EPISODE_AGENT, {}).get("_target_") != _EPISODE_LOOP:
+        missing.append(f"agent loop '{EPISODE_AGENT}'")
+    if TRAINER_MODE not in TRAINER_REGISTRY:
+        missing.append(f"V1 trainer '{TRAINER_MODE}'")
     if PlatformRegistry.get("cpu") is None:
         missing.append("verl platform 'cpu'")
     if "hf" not in RolloutReplicaRegistry._registry:
@@ -64,6 +78,14 @@ def register() -> None:
         RolloutReplicaRegistry.register("hf", _load_hf_replica)
         _ROLLOUT_REGISTRY[("hf", "async")] = _HF_ADAPTER
         _register_cpu_engines()
+        import pettingllms_verl.algo  # noqa: F401  (registers advantage estimator "at_grpo")
+        import pettingllms_verl.trainer.mas_trainer  # noqa: F401  (registers V1 trainer "mas_sync")
+        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+        from pettingllms_verl.data.rows import EPISODE_AGENT
+
+        # By dotted name: the loop's module is imported only in agent-loop workers that run it.
+        _agent_loop_registry[EPISODE_AGENT] = {"_target_": _EPISODE_LOOP}
         missing = _check()
         if missing:
             raise RuntimeError("registrations missing after register(): " + ", ".join(missing))

@@ -1,0 +1,146 @@
+"""verl agent loop ``pettingllms_episode``: one dataset row -> one multi-agent episode -> one
+training sample per (turn, role, branch), each with its own reward and group tags.
+
+Rows come from ``pettingllms_verl.data.rows.task_row`` (the env name and task travel in
+``extra_info``). The loop knows no environment: it builds it by name, renders its chat messages
+with the tokenizer's template, and hands replies back as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from pettingllms_verl import envs
+from pettingllms_verl.algo import AT_GRPO
+from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
+from pettingllms_verl.rollout.episode import Episode, Sample, run_episode
+from pettingllms_verl.rollout.settings import RolloutSettings
+
+VALIDATE_KWARG = "pettingllms_validate"  # injected by MASAgentLoopWorker: verl passes no such flag to run()
+
+
+def group_key(uid: str, session_id: int, sample: Sample, settings: RolloutSettings) -> str:
+    """AT-GRPO group of a sample: (problem uid, turn, role, tree node).
+
+    In tree mode the node is a state inside one session's tree, so the session is part of it;
+    independent episodes (K = 1) of one problem share (turn, role) groups across sessions.
+    """
+    node = f"s{session_id}:{sample.node}" if settings.rollout_mode == "tree" else "indep"
+    return f"{uid}|t{sample.turn}|{sample.role}|{node}"
+
+
+@register(EPISODE_AGENT)
+class EpisodeAgentLoop(AgentLoopBase):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.settings = RolloutSettings.from_config(self.config.get("pettingllms"))
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.response_length = int(self.rollout_config.response_length)
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **self.apply_chat_template_kwargs
+        )
+        if len(ids) > self.prompt_length:
+            raise ValueError(
+                f"pettingllms_episode: a {len(ids)}-token prompt exceeds data.max_prompt_length="
+                f"{self.prompt_length}; raise it (and rollout.prompt_length follows) or shorten the env's prompt"
+            )
+        return list(ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _sampling(self, base: dict[str, Any], role: str) -> dict[str, Any]:
+        params = {**base, **self.settings.role(role).sampling}
+        params["max_tokens"] = min(int(params.get("max_tokens", self.response_length)), self.response_length)
+        return params
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        validate = bool(kwargs.get(VALIDATE_KWARG, False))
+        name, seed, task = row_task(kwargs["extra_info"])
+        env = envs.make(name, **self.settings.env_kwargs)
+        env.reset(seed=seed, task=task)
+        workflow = env.workflow(self.settings.workflow)
+
+        weight_versions: list[int] = []  # global step of the weights behind each reply
+
+        async def generate(role: str, prompt_ids: list[int], n: int):
+            params = self._sampling(sampling_params, role)
+            outputs = await asyncio.gather(
+                *(
+                    self.server_manager.generate(request_id=uuid.uuid4().hex, prompt_ids=prompt_ids, sampling_params=params)
+                    for _ in range(n)
+                )
+            )
+            weight_versions.extend(
+                out.extra_fields["global_steps"] for out in outputs if out.extra_fields.get("global_steps") is not None
+            )
+            return [(out.token_ids[: self.response_length], (out.log_probs or [])[: self.response_length]) for out in outputs]
+
+        episode = await run_episode(
+            env,
+            workflow.turn_order,
+            workflow.max_turns,
+            k=self.settings.branches(validate),
+            alpha=self.settings.alpha,
+            generate=generate,
+            render=self.render,
+            decode=self.decode,
+        )
+        # verl's staleness bookkeeping: which weight versions this episode sampled from.
+        versions = {"min_global_steps": min(weight_versions, default=None), "max_global_steps": max(weight_versions, default=None)}
+        if validate:
+            # Validation reports what evaluation means: episode success, one row per episode.
+            final = episode.samples[-1]
+            return [self._output(final, kwargs, episode, versions, reward=float(episode.success), last=True)]
+        samples = episode.samples
+        outputs = [
+            self._output(s, kwargs, episode, versions, reward=s.reward, last=i == len(samples) - 1)
+            for i, s in enumerate(samples)
+        ]
+        if self.config.algorithm.adv_estimator != AT_GRPO:
+            # Trajectory-level estimators (verl's GRPO) read the last output of a session: give it
+            # the episode's return, the sum of the mixed rewards along the chosen path.
+            outputs[-1].reward_score = sum(s.reward for s in samples if s.chosen)
+        return outputs
+
+    def _output(
+        self, sample: Sample, kwargs: dict, episode: Episode, versions: dict, reward: float, last: bool
+    ) -> AgentLoopOutput:
+        tags = {
+            "mas_group": group_key(str(kwargs["uid"]), int(kwargs.get("session_id", 0)), sample, self.settings),
+            "mas_turn": sample.turn,
+            "mas_role": sample.role,
+            "mas_node": sample.node,
+            "mas_branch": sample.branch,
+            "mas_policy": self.settings.role(sample.role).policy,
+            "mas_local_reward": sample.local_reward,
+            "mas_global_reward": sample.global_reward,
+            "mas_reward": reward,
+            "mas_parse_ok": sample.parse_ok,
+            "mas_chosen": sample.chosen,
+            # episode-level facts, carried by the episode's last sample only
+            "mas_episode_end": last,
+            "mas_success": episode.success if last else None,
+            "mas_turns": episode.turns if last else None,
+            "mas_env_s": episode.env_s if last else None,
+            "mas_generate_s": episode.generate_s if last else None,
+            # verl's postprocess copies this from the last output (a reward manager fills it)
+            "reward_extra_info": {},
+            **versions,
+        }
+        return AgentLoopOutput(
+            prompt_ids=sample.prompt_ids,
+            response_ids=sample.response_ids,
+            response_mask=[1] * len(sample.response_ids),
+            response_logprobs=sample.log_probs or None,
+            reward_score=reward,
+            num_turns=2,
+            metrics=AgentLoopMetrics(),
+            extra_fields=tags,
+        )

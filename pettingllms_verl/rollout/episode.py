@@ -1,0 +1,125 @@
+"""One multi-agent episode with AT-GRPO tree sampling (no verl, no model: both are injected).
+
+For each turn and each role in the workflow's turn order, the current node is expanded into K
+branches: K independent clones of the environment, K replies to the *same* prompt (requested
+concurrently, so the engine batches them), each clone stepped with its own reply and scored.
+All K samples are emitted, tagged with their group key; the episode continues from the best
+clone (greedy argmax of the mixed reward, lowest branch index on ties), chosen only after every
+branch of the node has been scored.
+
+With K = 1 this is a plain rollout: ``rollout_mode=independent`` runs K such episodes per
+problem (verl's ``rollout.n``) and groups their samples by (problem, turn, role).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Sequence
+
+from pettingllms_verl.envs.base import Env, Messages
+
+# (role, prompt ids, n) -> n (token ids, log-probs) replies, sampled independently
+Generate = Callable[[str, list[int], int], Awaitable[list[tuple[list[int], list[float]]]]]
+Render = Callable[[Messages], list[int]]
+Decode = Callable[[list[int]], str]
+
+
+@dataclass
+class Sample:
+    """One reply of one role at one tree node: a training sample with its own reward."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    log_probs: list[float]
+    turn: int
+    role: str
+    node: str  # path of chosen branches from the root ("" at the root): identifies the state
+    branch: int
+    local_reward: float
+    global_reward: float
+    reward: float  # alpha * global + local
+    parse_ok: bool
+    chosen: bool = False
+
+
+@dataclass
+class Episode:
+    samples: list[Sample] = field(default_factory=list)
+    success: bool = False
+    turns: int = 0
+    final_global_reward: float = 0.0
+    generate_s: float = 0.0  # wall time spent waiting for the engine
+    env_s: float = 0.0  # wall time spent rendering prompts, stepping and cloning envs
+
+
+def best_branch(rewards: Sequence[float]) -> int:
+    """Greedy choice of AT-GRPO: argmax, ties to the lowest index (deterministic)."""
+    return max(range(len(rewards)), key=lambda i: (rewards[i], -i))
+
+
+async def _step_all(clones: list[Env], role: str, texts: list[str]) -> list:
+    # Steps may run sandboxed tool code (blocking, up to its wall limit): off the event loop,
+    # concurrently, so one slow branch does not serialise the others or stall other episodes.
+    return await asyncio.gather(*(asyncio.to_thread(clone.step, role, text) for clone, text in zip(clones, texts)))
+
+
+async def run_episode(
+    env: Env,
+    turn_order: Sequence[str],
+    max_turns: int,
+    k: int,
+    alpha: float,
+    generate: Generate,
+    render: Render,
+    decode: Decode,
+) -> Episode:
+    """Play ``env`` (already reset) to the end; returns every branch's sample."""
+    episode = Episode()
+    path = ""
+    for turn in range(max_turns):
+        for role in turn_order:
+            started = time.perf_counter()
+            prompt_ids = render(env.observation(role))
+            episode.env_s += time.perf_counter() - started
+
+            started = time.perf_counter()
+            replies = await generate(role, prompt_ids, k)
+            episode.generate_s += time.perf_counter() - started
+
+            started = time.perf_counter()
+            clones = [env.clone() for _ in range(k)]
+            results = await _step_all(clones, role, [decode(ids) for ids, _ in replies])
+            node_samples = []
+            for branch, ((ids, log_probs), clone, result) in enumerate(zip(replies, clones, results)):
+                global_reward = float(clone.global_reward)
+                node_samples.append(
+                    Sample(
+                        prompt_ids=prompt_ids,
+                        response_ids=list(ids),
+                        log_probs=list(log_probs),
+                        turn=turn,
+                        role=role,
+                        node=path,
+                        branch=branch,
+                        local_reward=float(result.local_reward),
+                        global_reward=global_reward,
+                        reward=alpha * global_reward + float(result.local_reward),
+                        parse_ok=bool(result.parse_ok),
+                    )
+                )
+            best = best_branch([s.reward for s in node_samples])
+            node_samples[best].chosen = True
+            episode.samples.extend(node_samples)
+            env = clones[best]
+            path = f"{path}.{best}" if path else str(best)
+            episode.env_s += time.perf_counter() - started
+            if env.done:
+                break
+        episode.turns = turn + 1
+        if env.done:
+            break
+    episode.success = bool(env.success)
+    episode.final_global_reward = float(env.global_reward)
+    return episode
