@@ -4,6 +4,11 @@
 (ChatML chat template) trained on text the environments produce, and a randomly initialised
 ``Qwen2ForCausalLM`` (head_dim 64: some attention kernels reject smaller heads). Same seed and same
 package version give byte-identical files; nothing is downloaded.
+
+``--warm-start plan_path`` then fine-tunes it briefly (supervised) on well-formed replies with
+*random* moves, for every role of that environment. A random model never produces a parseable
+reply, so every branch gets the same parse penalty and RL has no signal; the warm model speaks
+the answer format but knows nothing of the task, so rewards vary and learning can be measured.
 """
 
 from __future__ import annotations
@@ -104,13 +109,69 @@ def build(out_dir: str, seed: int = 0, vocab_size: int = 1024, **config_override
     return out_dir
 
 
+def _random_moves(rng: random.Random) -> str:
+    return " ".join(rng.choice("UDLR") for _ in range(rng.randint(1, 4)))
+
+
+# Well-formed replies with random content, per role of each environment that supports warm starts.
+WARM_REPLIES = {
+    "plan_path": {
+        "plan": lambda rng: f"<answer>{_random_moves(rng)}</answer>",
+        "tool": lambda rng: f"```python\nprint('{_random_moves(rng)}')\n```",
+    },
+}
+
+
+def warm_start(out_dir: str, env_name: str, seed: int = 0, steps: int = 150, batch_size: int = 8, lr: float = 3e-3) -> None:
+    """Supervised fine-tuning of the model in ``out_dir`` (in place) on ``WARM_REPLIES[env_name]``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pettingllms_verl import envs
+
+    if env_name not in WARM_REPLIES:
+        raise ValueError(f"--warm-start: no reply format for {env_name!r}; known: {sorted(WARM_REPLIES)}")
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    env = envs.make(env_name)
+    examples = []  # (prompt ids, reply ids)
+    for episode in range(64):
+        env.reset(seed=10_000_000 + seed * 1000 + episode)  # outside every data_prep split's seed range
+        for role, reply in WARM_REPLIES[env_name].items():
+            prompt = tokenizer.apply_chat_template(env.observation(role), add_generation_prompt=True, tokenize=True, return_dict=False)
+            examples.append((list(prompt), reply))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        rows = []
+        for prompt, reply in rng.sample(examples, batch_size):
+            target = tokenizer.encode(reply(rng)) + [tokenizer.eos_token_id]
+            rows.append((prompt + target, [-100] * len(prompt) + target))
+        width = max(len(ids) for ids, _ in rows)
+        input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in rows])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+        attention_mask = (torch.arange(width)[None, :] < torch.tensor([len(ids) for ids, _ in rows])[:, None]).long()
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 50 == 0 or step == steps - 1:
+            print(f"warm start {env_name}: step {step + 1}/{steps} loss {loss.item():.3f}", file=sys.stderr)
+    model.save_pretrained(out_dir)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="directory to write the model and tokenizer to")
     parser.add_argument("--seed", type=int, default=0, help="seed of tokenizer corpus and weights")
     parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size (incl. 256 bytes)")
+    parser.add_argument("--warm-start", metavar="ENV", help=f"then fine-tune on well-formed replies of ENV ({', '.join(WARM_REPLIES)})")
     args = parser.parse_args(argv)
     build(args.out, seed=args.seed, vocab_size=args.vocab_size)
+    if args.warm_start:
+        warm_start(args.out, args.warm_start, seed=args.seed)
     print(f"tiny model written to {args.out}", file=sys.stderr)
 
 

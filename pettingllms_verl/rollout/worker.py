@@ -34,17 +34,22 @@ class MASAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace, **kwargs)
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs: Any) -> None:
-        await super()._agent_loop_postprocess(output, validate, **kwargs)
         outputs = output if isinstance(output, list) else [output]
-        if validate or not outputs or "mas_group" not in outputs[0].extra_fields:
+        regroup = (
+            not validate
+            and bool(outputs)
+            and "mas_group" in outputs[0].extra_fields
+            and self.config.algorithm.adv_estimator == AT_GRPO
+        )
+        own_rewards = [out.reward_score for out in outputs]
+        await super()._agent_loop_postprocess(output, validate, **kwargs)
+        if not regroup:
             return
-        if self.config.algorithm.adv_estimator != AT_GRPO:
-            return
+        for out, reward in zip(outputs, own_rewards):
+            out.reward_score = reward  # undo verl's copy of the last reward
         # Same key scheme as verl's postprocess: {uid}_{session_id}_{index}.
         keys = [f"{kwargs['uid']}_{kwargs['session_id']}_{i}" for i in range(len(outputs))]
-        fields = [
-            {"rm_scores": out.as_dict()["rm_scores"], "uid": out.extra_fields["mas_group"]} for out in outputs
-        ]
+        fields = [{"rm_scores": out.as_dict()["rm_scores"], "uid": out.extra_fields["mas_group"]} for out in outputs]
         await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), partition_id="train")
 
 
