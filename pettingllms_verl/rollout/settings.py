@@ -9,6 +9,7 @@ pettingllms:
   env_kwargs: {}           # passed to pettingllms_verl.envs.make(name, **env_kwargs)
   roles:                   # per role: which policy acts, and sampling overrides
     plan: {policy: shared, sampling: {temperature: 1.0, max_tokens: 48, stop: []}}
+  batch_dump_dir: null     # if set, the mas_sync trainer writes each step's training rows there
 ```
 """
 
@@ -19,6 +20,8 @@ from typing import Any, Mapping
 
 from omegaconf import OmegaConf
 
+# Keys of the section read elsewhere: `artifacts` by recipes, `batch_dump_dir` by the mas_sync trainer.
+SECTION_KEYS = ("workflow", "rollout_mode", "k", "alpha", "env_kwargs", "roles", "artifacts", "batch_dump_dir")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "repetition_penalty")
 
 
@@ -51,6 +54,9 @@ class RolloutSettings:
     @classmethod
     def from_config(cls, section: Any) -> RolloutSettings:
         raw = OmegaConf.to_container(section, resolve=True) if section is not None else {}
+        unknown = set(raw) - set(SECTION_KEYS)
+        if unknown:
+            raise SettingsError(f"pettingllms: unknown keys {sorted(unknown)}; allowed: {SECTION_KEYS}")
         settings = cls(
             workflow=str(raw.get("workflow", "mas")),
             rollout_mode=str(raw.get("rollout_mode", "tree")),

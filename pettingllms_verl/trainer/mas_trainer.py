@@ -8,6 +8,8 @@ the AT-GRPO grouping itself reaches verl's advantage step through the rows' ``ui
 
 from __future__ import annotations
 
+import json
+import os
 from collections import defaultdict
 
 import numpy as np
@@ -17,7 +19,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-from pettingllms_verl.algo import group_stats, zero_variance_frac
+from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
 
 TRAINER_MODE = "mas_sync"
 
@@ -56,14 +58,30 @@ class MASTrainer(PPOTrainerSync):
         self._isolate_padding_rows(batch)
         real = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
         rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"])
-        tags = [dict(t) for t in rows["extra_fields"] if "mas_group" in t]
-        if tags:
-            metrics.update(episode_metrics(tags))
-            index = np.array(list(rows["uid"]), dtype=object)
-            scores = torch.stack([s.sum() for s in rows["rm_scores"].unbind(0)])
+        tags = [dict(t) for t in rows["extra_fields"]]
+        if not any("mas_group" in t for t in tags):
+            return super()._compute_advantage(batch, metrics)
+        index = np.array(list(rows["uid"]), dtype=object)
+        scores = torch.stack([s.sum() for s in rows["rm_scores"].unbind(0)])
+        metrics.update(episode_metrics(tags))
+        if self.config.algorithm.adv_estimator == AT_GRPO:
             metrics.update(group_stats(index))
             metrics["at_grpo/zero_variance_frac"] = zero_variance_frac(scores, index)
-        return super()._compute_advantage(batch, metrics)
+        batch = super()._compute_advantage(batch, metrics)
+        dump_dir = self.config.get("pettingllms", {}).get("batch_dump_dir")
+        if dump_dir:
+            self._dump_batch(dump_dir, batch, real, index, scores, tags)
+        return batch
+
+    def _dump_batch(self, dump_dir: str, batch, keys: list[str], index, scores: torch.Tensor, tags: list[dict]) -> None:
+        """One JSON line per training row of this step, as the advantage step saw it."""
+        advantages = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["advantages"])["advantages"]
+        os.makedirs(dump_dir, exist_ok=True)
+        with open(os.path.join(dump_dir, f"step_{self.global_steps}.jsonl"), "w") as f:
+            for key, group, score, advantage, tag in zip(keys, index, scores.tolist(), advantages.unbind(0), tags):
+                row = {"key": key, "group": group, "score": score, "advantage": float(advantage[0]) if advantage.numel() else 0.0}
+                row.update({name: value for name, value in tag.items() if name.startswith("mas_")})
+                f.write(json.dumps(row) + "\n")
 
     @staticmethod
     def _isolate_padding_rows(batch) -> None:

@@ -1,0 +1,144 @@
+"""The AT-GRPO episode runner: tree nodes, branches, greedy continuation, group keys."""
+
+import asyncio
+import random
+from collections import defaultdict
+
+import pytest
+
+from pettingllms_verl import envs
+from pettingllms_verl.rollout.agent_loop import group_key
+from pettingllms_verl.rollout.episode import best_branch, run_episode
+from pettingllms_verl.rollout.settings import RolloutSettings, SettingsError
+
+MOVES = ["U", "D", "L", "R"]
+
+
+class ScriptedEngine:
+    """Stands in for the rollout: replies are texts, 'tokenised' one character per id."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.calls = []  # (role, prompt ids, n) per engine call
+
+    async def generate(self, role, prompt_ids, n):
+        self.calls.append((role, tuple(prompt_ids), n))
+        replies = []
+        for _ in range(n):
+            if role == "tool":
+                text = f"```python\nprint('{self.rng.choice(MOVES)}')\n```"
+            else:
+                text = "<answer>" + " ".join(self.rng.choice(MOVES) for _ in range(self.rng.randint(1, 3))) + "</answer>"
+            replies.append(([ord(c) for c in text], [-0.1] * len(text)))
+        return replies
+
+
+def render(messages):
+    return [ord(c) for c in "".join(m["content"] for m in messages)]
+
+
+def decode(ids):
+    return "".join(chr(i) for i in ids)
+
+
+def play(seed, k=4, mode="mas", alpha=1.0, engine=None):
+    env = envs.make("plan_path", size=6, max_turns=3)
+    env.reset(seed=seed)
+    workflow = env.workflow(mode)
+    engine = engine or ScriptedEngine(seed)
+    episode = asyncio.run(run_episode(env, workflow.turn_order, workflow.max_turns, k, alpha, engine.generate, render, decode))
+    return env, episode, engine
+
+
+def nodes(episode):
+    grouped = defaultdict(list)
+    for sample in episode.samples:
+        grouped[(sample.turn, sample.role, sample.node)].append(sample)
+    return grouped
+
+
+def test_every_node_has_k_branches_sharing_one_prompt():
+    _, episode, _ = play(seed=3, k=4)
+    assert nodes(episode)
+    for samples in nodes(episode).values():
+        assert [s.branch for s in samples] == [0, 1, 2, 3]
+        assert len({tuple(s.prompt_ids) for s in samples}) == 1
+
+
+def test_one_batched_engine_call_per_node():
+    _, episode, engine = play(seed=4, k=4)
+    assert len(engine.calls) == len(nodes(episode))
+    assert all(n == 4 for _, _, n in engine.calls)
+
+
+def test_greedy_choice_is_the_argmax_of_the_mixed_reward():
+    _, episode, _ = play(seed=5, k=4, alpha=0.5)
+    for samples in nodes(episode).values():
+        chosen = [s for s in samples if s.chosen]
+        assert len(chosen) == 1
+        assert chosen[0].reward == max(s.reward for s in samples)
+        assert chosen[0].branch == min(s.branch for s in samples if s.reward == chosen[0].reward)
+        for s in samples:
+            assert s.reward == pytest.approx(0.5 * s.global_reward + s.local_reward)
+    assert best_branch([0.1, 0.3, 0.3, -1.0]) == 1
+
+
+def test_episode_continues_from_the_chosen_branch():
+    # The next node's prompt is the chosen clone's observation: replay the chosen replies on a
+    # fresh env and compare the prompts the runner used.
+    env, episode, _ = play(seed=6, k=3)
+    replay = envs.make("plan_path", size=6, max_turns=3)
+    replay.reset(seed=6)
+    for samples in nodes(episode).values():
+        assert samples[0].prompt_ids == render(replay.observation(samples[0].role))
+        chosen = next(s for s in samples if s.chosen)
+        replay.step(chosen.role, decode(chosen.response_ids))
+    assert replay.success == episode.success
+
+
+def test_the_parent_env_is_never_stepped():
+    env, episode, _ = play(seed=7, k=4)
+    fresh = envs.make("plan_path", size=6, max_turns=3)
+    fresh.reset(seed=7)
+    assert env.view() == fresh.view() and env.turn == 0 and not env.done
+    assert episode.turns >= 1
+
+
+def test_no_group_spans_two_problems_or_two_states():
+    settings = RolloutSettings(rollout_mode="tree", k=4)
+    groups = defaultdict(list)
+    for uid, seed in (("1", 11), ("11", 12), ("1|t1", 13)):  # uids that collide under naive joins
+        _, episode, _ = play(seed=seed, k=4)
+        for sample in episode.samples:
+            groups[group_key(uid, 0, sample, settings)].append((uid, tuple(sample.prompt_ids)))
+    for members in groups.values():
+        assert len(members) == 4
+        assert len({uid for uid, _ in members}) == 1
+        assert len({prompt for _, prompt in members}) == 1
+
+
+def test_independent_mode_groups_across_sessions_by_turn_and_role():
+    settings = RolloutSettings(rollout_mode="independent", k=4)
+    assert settings.branches(validate=False) == 1 and RolloutSettings(k=4).branches(validate=True) == 1
+    keys = set()
+    for session in range(3):
+        _, episode, _ = play(seed=20 + session, k=1)
+        keys |= {group_key("p", session, s, settings) for s in episode.samples if s.turn == 0}
+    assert keys == {"p|t0|tool|indep", "p|t0|plan|indep"}
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"workflow": "team"}, "pettingllms.workflow"),
+        ({"rollout_mode": "beam"}, "pettingllms.rollout_mode"),
+        ({"k": 0}, "pettingllms.k"),
+        ({"roles": {"plan": {"sampling": {"temprature": 1.0}}}}, "pettingllms.roles.plan.sampling"),
+        ({"alhpa": 1.0}, "unknown keys"),
+    ],
+)
+def test_bad_settings_name_the_key(section, message):
+    from omegaconf import OmegaConf
+
+    with pytest.raises(SettingsError, match=message):
+        RolloutSettings.from_config(OmegaConf.create(section))
