@@ -56,7 +56,7 @@ def test_mas_recipe_runs_three_steps_with_mas_and_at_grpo_metrics(mas_run):
                     "mas/plan/reward_mean", "at_grpo/num_groups", "at_grpo/zero_variance_frac"):
             assert key in data, key
         assert data["at_grpo/mean_group_size"] == K
-        assert data["training/rollout_probs_diff_mean"] < 1e-3
+        assert data["training/rollout_probs_diff_mean"] < 1e-5  # fp32 actor and rollout
 
 
 def test_group_sizes_equal_k_and_no_group_spans_two_problems_turns_or_roles(mas_run):

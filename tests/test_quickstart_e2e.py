@@ -49,11 +49,11 @@ def test_three_grpo_steps_with_metrics_in_the_file_logger(runs):
 
 
 def test_replica_stays_on_policy_after_every_update(runs):
-    # Log-probs of the rollout replica vs the actor recomputation: a replica that missed a weight
-    # sync after lr=1e-3 updates differs by orders of magnitude more than this.
+    # Token probabilities of the rollout replica vs the actor's recomputation, both fp32: measured
+    # ~1e-7 when in sync. (test_hf_rollout_server shows a replica without the sync is far off.)
     _, first, second = runs
     for record in first + second:
-        assert record["data"]["training/rollout_probs_diff_mean"] < 1e-3, record["step"]
+        assert record["data"]["training/rollout_probs_diff_mean"] < 1e-5, record["step"]
 
 
 def test_second_run_resumes_and_continues_the_step_count(runs):
