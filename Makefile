@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE ?= 1
 # verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
 export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 
-.PHONY: install model data quickstart test test-fast bench clean
+.PHONY: install model data model-plan-path data-plan-path plan-path quickstart test test-fast bench clean
 
 # torch first and pinned: an unpinned torch resolves to a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -32,6 +32,21 @@ $(ARTIFACTS)/data/quickstart/train.parquet: | $(VENV)/.installed
 
 model: $(ARTIFACTS)/tiny_model/config.json
 data: $(ARTIFACTS)/data/quickstart/train.parquet
+
+# Plan-Path on CPU: a tiny model warm-started on well-formed replies, and 6x6 grids.
+$(ARTIFACTS)/tiny_model_plan_path/config.json: | $(VENV)/.installed
+	$(PY) -m pettingllms_verl.models.tiny --out $(ARTIFACTS)/tiny_model_plan_path --warm-start plan_path
+
+$(ARTIFACTS)/data/plan_path_6x6/train.parquet: | $(VENV)/.installed
+	$(PY) data_prep/plan_path.py --size 6 --train 256 --test 32 --out-dir $(ARTIFACTS)/data/plan_path_6x6
+
+model-plan-path: $(ARTIFACTS)/tiny_model_plan_path/config.json
+data-plan-path: $(ARTIFACTS)/data/plan_path_6x6/train.parquet
+
+# AT-GRPO, tool + plan agents, tree sampling (RECIPE=plan_path_sa_grpo_cpu for the SA baseline)
+RECIPE ?= plan_path_mas_atgrpo_cpu
+plan-path: model-plan-path data-plan-path
+	$(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name $(RECIPE)
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count.
