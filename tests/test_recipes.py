@@ -10,6 +10,7 @@ data_prep command writes fails here rather than minutes into a run.
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 import runpy
 import shlex
@@ -223,6 +224,12 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
         if size:  # a "<H>x<W>" variant holds boards of that size
             board = next(task[key] for key in ("grid", "room", "puzzle") if key in task)
             assert (len(board), len(board[0])) == (int(size[1]), int(size[2]))
+        deck = re.search(r"^hanabi_(small|full)$", data_dir.name)
+        if deck:  # a hanabi deck variant holds games with that deck
+            from pettingllms_verl.envs.hanabi import FULL_DECK, SMALL_DECK
+
+            rules = SMALL_DECK if deck[1] == "small" else FULL_DECK
+            assert {key: task[key] for key in rules} == rules
 
         # the env accepts env_kwargs, the workflow has the configured turn budget and roles
         env = envs.make(env_name, **settings.env_kwargs)
@@ -237,6 +244,14 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
         assert role.sampling.get("max_tokens", 0) <= cfg.data.max_response_length  # else silently capped
 
 
+def _is_tool_plan(env_name: str) -> bool:
+    """A tool+plan grid puzzle (plan_path, sokoban, sudoku), not a game (tictactoe, hanabi)."""
+    from pettingllms_verl import envs
+    from pettingllms_verl.envs.tool_plan import ToolPlanEnv
+
+    return isinstance(envs.make(env_name), ToolPlanEnv)
+
+
 @pytest.mark.parametrize("name", GPU_RECIPES)
 def test_gpu_recipe_has_the_reference_hyperparameters(name, recipe):
     cfg, _ = recipe(name)
@@ -247,7 +262,10 @@ def test_gpu_recipe_has_the_reference_hyperparameters(name, recipe):
     assert (actor.use_kl_loss, cfg.algorithm.use_kl_in_reward, actor.entropy_coeff) == (False, False, 0)
     assert actor.loss_agg_mode == "token-mean" and actor.strategy == "fsdp2"
     assert cfg.data.train_batch_size == 32
-    assert settings.env_kwargs.max_turns == 5
+    if _is_tool_plan(NAME.match(name)["env"]):
+        assert settings.env_kwargs.max_turns == 5
+    else:  # the games set their own length: tictactoe a fixed 5 turns, hanabi the whole game
+        assert "max_turns" not in settings.get("env_kwargs", {})
     if NAME.match(name)["mode"] == "mas_atgrpo":
         assert (settings.k, rollout.n, cfg.algorithm.adv_estimator) == (8, 1, "at_grpo")
     else:
@@ -284,6 +302,8 @@ SA_DIFFERS = {
     # verl interpolates these from the two above
     "actor_rollout_ref.actor.rollout_n", "actor_rollout_ref.ref.rollout_n", "critic.rollout_n", "critic.ppo_mini_batch_size",
 }
+# and per env, what the env itself needs for its single-agent variant
+SA_ENV_DIFFERS = {"tictactoe": {"pettingllms.env_kwargs.mode"}}  # mode=sa: the fixed opponent answers x
 
 
 @pytest.mark.parametrize("name", [name for name in GPU_RECIPES if "_mas_atgrpo_" in name])
@@ -292,7 +312,7 @@ def test_gpu_sa_baseline_differs_from_atgrpo_only_in_the_algorithm(name, recipe)
     flat_mas, flat_sa = _flat(mas), _flat(sa)
     differ = {key for key in flat_mas.keys() | flat_sa.keys() if flat_mas.get(key) != flat_sa.get(key)}
     differ = {key for key in differ if name not in str(flat_mas.get(key))}  # experiment name and paths from it
-    assert differ == SA_DIFFERS
+    assert differ == SA_DIFFERS | SA_ENV_DIFFERS.get(NAME.match(name)["env"], set())
     # same optimiser-step size and group size: the comparison is at equal sample budget
     assert mas.actor_rollout_ref.actor.ppo_mini_batch_size * mas.actor_rollout_ref.rollout.n == sa.actor_rollout_ref.actor.ppo_mini_batch_size * sa.actor_rollout_ref.rollout.n
     assert mas.pettingllms.k == sa.actor_rollout_ref.rollout.n
@@ -301,7 +321,8 @@ def test_gpu_sa_baseline_differs_from_atgrpo_only_in_the_algorithm(name, recipe)
 @pytest.mark.parametrize("name", GPU_RECIPES)
 def test_gpu_prompts_fit_max_prompt_length(name, recipe, datasets):
     """Byte-level BPE (Qwen3) never needs more tokens than UTF-8 bytes: bound the longest prompt
-    (the plan agent's, with the tool's program and output at their cut lengths) in bytes."""
+    (the plan agent's, with the tool's program and output at their cut lengths; a game's, whose
+    prompts grow with its history, over played-out episodes) in bytes."""
     import pandas as pd
 
     from pettingllms_verl import envs
@@ -310,12 +331,37 @@ def test_gpu_prompts_fit_max_prompt_length(name, recipe, datasets):
 
     cfg, _ = recipe(name)
     env_name, seed, task = row_task(pd.read_parquet(cfg.data.train_files).iloc[0]["extra_info"])
-    env = envs.make(env_name, **cfg.pettingllms.env_kwargs)
+    env = envs.make(env_name, **cfg.pettingllms.get("env_kwargs", {}))
     env.reset(seed=seed, task=task)
-    worst = tool_plan.plan_messages(
-        env.prompts, env.view(), "x" * tool_plan.MAX_TOOL_CODE_CHARS, "y" * tool_plan.MAX_TOOL_OUTPUT_CHARS
-    )
-    for messages in (worst, env.observation("tool"), env.observation("plan")):
+    if _is_tool_plan(env_name):
+        worst = tool_plan.plan_messages(
+            env.prompts, env.view(), "x" * tool_plan.MAX_TOOL_CODE_CHARS, "y" * tool_plan.MAX_TOOL_OUTPUT_CHARS
+        )
+        prompts = [worst, env.observation("tool"), env.observation("plan")]
+    else:
+        prompts = _game_prompts(env, env.workflow(cfg.pettingllms.workflow), episodes=20)
+    for messages in prompts:
         template_overhead = 32 * len(messages)  # <|im_start|>role\n ... <|im_end|>\n, generation prompt
         size = sum(len(m["content"].encode()) for m in messages) + template_overhead
         assert size <= cfg.data.max_prompt_length
+
+
+def _game_prompts(env, workflow, episodes: int) -> list:
+    """Every prompt of ``episodes`` games from ``env``'s state, played out with seeded random replies
+    (moves, hints, plays, discards and unparseable ones: the history a prompt shows grows either way)."""
+    prompts = []
+    for episode in range(episodes):
+        game, rng = env.clone(), random.Random(episode)
+        for _ in range(workflow.max_turns):
+            for role in workflow.turn_order:
+                if not game.done:
+                    prompts.append(game.observation(role))
+                    game.step(role, rng.choice([
+                        f"<answer>{rng.randrange(9)}</answer>",
+                        f"<answer>{rng.choice(['play', 'discard'])} {rng.randrange(5)}</answer>",
+                        f"<answer>hint color {rng.choice('RYGWB')}</answer>",
+                        f"<answer>hint rank {rng.randint(1, 5)}</answer>",
+                        "no action",
+                    ]))
+        assert game.done  # the turn budget ends every game: no prompt beyond it
+    return prompts
