@@ -4,7 +4,7 @@
    server does) vs one request at a time. Greedy-free sampling at temperature 1 with eos disabled
    by a fixed token budget, so both modes generate the same number of tokens.
 2. (--step-metrics FILE) mean per-phase times of a quickstart run from verl's file logger,
-   skipping step 1 (worker warm-up).
+   skipping the run's first step (lazy worker start-up).
 
     python benchmarks/bench_rollout.py [--requests 8] [--tokens 32] [--step-metrics run.jsonl]
 """
@@ -53,7 +53,7 @@ def rollout_rates(requests: int, tokens: int, repeats: int = 3) -> dict:
 
 def step_breakdown(metrics_path: str) -> dict:
     records = [json.loads(line) for line in open(metrics_path)]
-    steady = [r["data"] for r in records if r["step"] > 1] or [r["data"] for r in records]
+    steady = [r["data"] for r in records[1:]] or [r["data"] for r in records]
     return {phase: sum(d[phase] for d in steady) / len(steady) for phase in STEP_PHASES if phase in steady[0]} | {
         "steps_averaged": len(steady)
     }

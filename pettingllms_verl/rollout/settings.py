@@ -10,6 +10,7 @@ pettingllms:
   roles:                   # per role: which policy acts, and sampling overrides
     plan: {policy: shared, sampling: {temperature: 1.0, max_tokens: 48, stop: []}}
   batch_dump_dir: null     # if set, the mas_sync trainer writes each step's training rows there
+  replay_poll_interval_s: null  # mas_sync: how often verl's replay buffer polls for finished episodes (verl: 2 s)
 ```
 """
 
@@ -20,8 +21,11 @@ from typing import Any, Mapping
 
 from omegaconf import OmegaConf
 
-# Keys of the section read elsewhere: `artifacts` by recipes, `batch_dump_dir` by the mas_sync trainer.
-SECTION_KEYS = ("workflow", "rollout_mode", "k", "alpha", "env_kwargs", "roles", "artifacts", "batch_dump_dir")
+# Keys of the section read elsewhere: `artifacts` by recipes; `batch_dump_dir` and
+# `replay_poll_interval_s` by the mas_sync trainer.
+SECTION_KEYS = (
+    "workflow", "rollout_mode", "k", "alpha", "env_kwargs", "roles", "artifacts", "batch_dump_dir", "replay_poll_interval_s"
+)
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "repetition_penalty")
 
 

@@ -54,6 +54,15 @@ class MASTrainer(PPOTrainerSync):
     def trainer_mode(self, _configured_name: str) -> None:
         pass
 
+    def _build_replay_buffer(self):
+        # verl's buffer polls for finished episodes every 2 s (not configurable there); on a CPU
+        # step of ~3 s that sleep dominates `timing_s/gen`.
+        buffer = super()._build_replay_buffer()
+        interval = self.config.get("pettingllms", {}).get("replay_poll_interval_s")
+        if interval is not None:
+            buffer.poll_interval = float(interval)
+        return buffer
+
     def _compute_advantage(self, batch, metrics: dict):
         self._isolate_padding_rows(batch)
         real = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
