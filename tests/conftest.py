@@ -16,3 +16,31 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from pettingllms_verl.models.tiny import build
 
     return build(str(tmp_path_factory.mktemp("tiny_model")), seed=0)
+
+
+@pytest.fixture(scope="session")
+def chat_ids(tiny_model_dir):
+    """text -> prompt token ids of a one-message chat with the tiny tokenizer's template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return lambda text: list(
+        tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
+
+
+@pytest.fixture()
+def updated_actor(tiny_model_dir):
+    """prompt ids -> a fresh copy of the tiny model after one AdamW step on them (the trainer's actor)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    def update(prompt: list[int]):
+        actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        ids = torch.tensor([prompt])
+        optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-2)
+        actor(ids, labels=ids).loss.backward()
+        optimizer.step()
+        return actor
+
+    return update

@@ -25,10 +25,6 @@ def engine(model, tokenizer):
     return HFGenerationEngine(model, tokenizer)
 
 
-def prompt_ids(tokenizer, text):
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False)
-
-
 def reference_log_probs(model, prompt, response, temperature=1.0):
     """Direct transformers forward over prompt + response, unpadded."""
     ids = torch.tensor([prompt + response])
@@ -37,8 +33,8 @@ def reference_log_probs(model, prompt, response, temperature=1.0):
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
-def test_log_probs_equal_direct_forward_in_a_padded_batch(engine, model, tokenizer):
-    prompts = [prompt_ids(tokenizer, t) for t in ("Sum 1 2", "Go from (0,0) to (3,4) on a grid with walls", "x")]
+def test_log_probs_equal_direct_forward_in_a_padded_batch(engine, model, chat_ids):
+    prompts = [chat_ids(t) for t in ("Sum 1 2", "Go from (0,0) to (3,4) on a grid with walls", "x")]
     assert len({len(p) for p in prompts}) == 3  # different lengths: rows are left-padded
     torch.manual_seed(1)
     outs = engine.generate(prompts, [SamplingSpec(max_tokens=12, temperature=0.7)] * 3)
@@ -48,8 +44,8 @@ def test_log_probs_equal_direct_forward_in_a_padded_batch(engine, model, tokeniz
         torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
 
 
-def test_temperature_zero_is_greedy(engine, model, tokenizer):
-    prompt = prompt_ids(tokenizer, "Continue: 1 2 3")
+def test_temperature_zero_is_greedy(engine, model, chat_ids):
+    prompt = chat_ids("Continue: 1 2 3")
     out = engine.generate([prompt], [SamplingSpec(max_tokens=8, temperature=0.0)])[0]
     ids = list(prompt)
     with torch.no_grad():
@@ -61,8 +57,8 @@ def test_temperature_zero_is_greedy(engine, model, tokenizer):
     assert engine.generate([prompt], [SamplingSpec(max_tokens=8, temperature=0.0)])[0].token_ids == out.token_ids
 
 
-def test_max_tokens_per_request_in_one_batch(engine, tokenizer):
-    prompt = prompt_ids(tokenizer, "Count")
+def test_max_tokens_per_request_in_one_batch(engine, chat_ids):
+    prompt = chat_ids("Count")
     specs = [SamplingSpec(max_tokens=n, temperature=1.0) for n in (1, 3, 7)]
     outs = engine.generate([prompt] * 3, specs)
     for spec, out in zip(specs, outs):
@@ -71,15 +67,15 @@ def test_max_tokens_per_request_in_one_batch(engine, tokenizer):
             assert len(out.token_ids) == spec.max_tokens
 
 
-def test_top_k_one_matches_greedy(engine, tokenizer):
-    prompt = prompt_ids(tokenizer, "Plan the path")
+def test_top_k_one_matches_greedy(engine, chat_ids):
+    prompt = chat_ids("Plan the path")
     greedy = engine.generate([prompt], [SamplingSpec(max_tokens=6, temperature=0.0)])[0]
     top1 = engine.generate([prompt], [SamplingSpec(max_tokens=6, temperature=1.0, top_k=1)])[0]
     assert top1.token_ids == greedy.token_ids
 
 
-def test_stop_string_ends_generation(engine, tokenizer):
-    prompt = prompt_ids(tokenizer, "Say something")
+def test_stop_string_ends_generation(engine, tokenizer, chat_ids):
+    prompt = chat_ids("Say something")
     free = engine.generate([prompt], [SamplingSpec(max_tokens=16, temperature=0.0)])[0]
     assert len(free.token_ids) >= 4, "greedy reply too short to place a stop string inside it"
     text = tokenizer.decode(free.token_ids)
@@ -97,14 +93,11 @@ def test_sampling_spec_from_verl_caps_max_tokens():
     assert SamplingSpec.from_verl({}, default_max_tokens=5).max_tokens == 5
 
 
-def test_weight_update_makes_next_token_distribution_equal_the_updated_model(engine, tiny_model_dir, tokenizer):
+def test_weight_update_makes_next_token_distribution_equal_the_updated_model(engine, chat_ids, updated_actor):
     # One optimiser step on a separate copy (the "actor"); push its weights into the engine.
-    actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    prompt = prompt_ids(tokenizer, "update me")
+    prompt = chat_ids("update me")
+    actor = updated_actor(prompt)
     ids = torch.tensor([prompt])
-    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-2)
-    actor(ids, labels=ids).loss.backward()
-    optimizer.step()
 
     def next_token_log_probs(model):
         with torch.no_grad():

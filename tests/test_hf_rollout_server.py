@@ -7,7 +7,6 @@ import pytest
 import ray
 import torch
 from omegaconf import OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl.workers.config import RolloutConfig
 
@@ -37,13 +36,8 @@ def server(ray_session, rollout_config, tiny_model_dir):
     return handle
 
 
-def chat_ids(tokenizer, text):
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False)
-
-
-def test_concurrent_requests_are_batched(server, tiny_model_dir):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    prompts = [chat_ids(tokenizer, f"request {i}") for i in range(8)]
+def test_concurrent_requests_are_batched(server, chat_ids):
+    prompts = [chat_ids(f"request {i}") for i in range(8)]
     calls_before = ray.get(server.get_stats.remote())["generate_calls"]
     outs = ray.get([server.generate.remote(f"r{i}", p, {"temperature": 0.0}) for i, p in enumerate(prompts)])
     calls = ray.get(server.get_stats.remote())["generate_calls"] - calls_before
@@ -58,14 +52,9 @@ def test_prompt_longer_than_the_budget_is_refused(server):
         ray.get(server.generate.remote("long", [5] * 72, {"temperature": 0.0}))
 
 
-def test_adapter_update_makes_replica_sample_from_the_updated_actor(server, rollout_config, tiny_model_dir):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    prompt = chat_ids(tokenizer, "after the update")
-    ids = torch.tensor([prompt])
-    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-2)
-    actor(ids, labels=ids).loss.backward()
-    optimizer.step()
+def test_adapter_update_makes_replica_sample_from_the_updated_actor(server, rollout_config, chat_ids, updated_actor):
+    prompt = chat_ids("after the update")
+    actor = updated_actor(prompt)
 
     def greedy_reply_log_probs():
         out = ray.get(server.generate.remote("g", prompt, {"temperature": 0.0, "max_tokens": 6}))
