@@ -12,13 +12,16 @@ export HF_HUB_OFFLINE ?= 1
 # verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
 export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 
-.PHONY: install model data model-plan-path data-plan-path plan-path quickstart test test-fast bench clean
+.PHONY: install model data model-plan-path data-plan-path plan-path quickstart test test-fast test-gpu bench clean
 
-# torch first and pinned: an unpinned torch resolves to a multi-GB CUDA build.
+# torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
+# equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
+# On a GPU machine: make install TORCH_INDEX=https://download.pytorch.org/whl/cu128 (or TORCH_INDEX= for PyPI's).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q "torch==2.13.0" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q "torch==2.13.0" -e ".[test]"
 	touch $@
 
@@ -62,6 +65,10 @@ test: $(VENV)/.installed
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow"
+
+# The CUDA variants of the engine, server and quickstart tests (they skip where no GPU is visible).
+test-gpu: $(VENV)/.installed
+	$(PY) -m pytest -q -m gpu
 
 bench: $(VENV)/.installed
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done

@@ -1,4 +1,4 @@
-"""Test-wide settings: offline, deterministic, CPU."""
+"""Test-wide settings: offline, deterministic; CPU always, CUDA where present (marker `gpu`)."""
 
 import os
 
@@ -8,6 +8,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> str:
+    """Run a test on the CPU and, where one is present, again on a CUDA device."""
+    import torch
+
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return request.param
 
 
 @pytest.fixture(scope="session")

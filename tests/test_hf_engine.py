@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pettingllms_verl.backends.cpu.hf_engine import HFGenerationEngine, SamplingSpec
 
-LOGPROB_ATOL = 1e-4  # fp32 on CPU: padded batched vs unpadded single forward differ by ~1e-6
+LOGPROB_ATOL = 1e-4  # fp32: padded batched vs unpadded single forward differ by ~1e-6 on CPU
 
 
 @pytest.fixture(scope="module")
@@ -15,9 +15,9 @@ def tokenizer(tiny_model_dir):
 
 
 @pytest.fixture()
-def model(tiny_model_dir):
+def model(tiny_model_dir, device):
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
 
 
 @pytest.fixture()
@@ -27,9 +27,9 @@ def engine(model, tokenizer):
 
 def reference_log_probs(model, prompt, response, temperature=1.0):
     """Direct transformers forward over prompt + response, unpadded."""
-    ids = torch.tensor([prompt + response])
+    ids = torch.tensor([prompt + response], device=model.device)
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float().cpu()
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
@@ -50,7 +50,7 @@ def test_temperature_zero_is_greedy(engine, model, chat_ids):
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(len(out.token_ids)):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(int(model(torch.tensor([ids], device=model.device)).logits[0, -1].argmax()))
     assert out.token_ids == ids[len(prompt) :]
     # Greedy is deterministic whatever the RNG state.
     torch.manual_seed(123)
@@ -97,11 +97,10 @@ def test_weight_update_makes_next_token_distribution_equal_the_updated_model(eng
     # One optimiser step on a separate copy (the "actor"); push its weights into the engine.
     prompt = chat_ids("update me")
     actor = updated_actor(prompt)
-    ids = torch.tensor([prompt])
 
     def next_token_log_probs(model):
         with torch.no_grad():
-            return torch.log_softmax(model(ids).logits[0, -1], -1)
+            return torch.log_softmax(model(torch.tensor([prompt], device=model.device)).logits[0, -1], -1).cpu()
 
     before = next_token_log_probs(engine.model)
     assert (before - next_token_log_probs(actor)).abs().max() > 1e-2  # the update really moved the policy
@@ -113,3 +112,17 @@ def test_weight_update_makes_next_token_distribution_equal_the_updated_model(eng
 def test_weight_update_rejects_unknown_names(engine):
     with pytest.raises(KeyError, match="not in the rollout model"):
         engine.load_weights({"model.layers.99.mlp.up_proj.weight": torch.zeros(1)})
+
+
+@pytest.mark.gpu
+def test_bf16_on_cuda_log_probs_track_a_bf16_forward(tiny_model_dir, tokenizer, chat_ids):
+    """The GPU default dtype: batched bf16 generation vs an unpadded bf16 forward (loose: bf16 rounding)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").to("cuda")
+    engine = HFGenerationEngine(model, tokenizer)
+    prompts = [chat_ids(t) for t in ("Sum 1 2", "Go from (0,0) to (3,4) on a grid with walls", "x")]
+    torch.manual_seed(1)
+    for prompt, out in zip(prompts, engine.generate(prompts, [SamplingSpec(max_tokens=12, temperature=1.0)] * 3)):
+        diff = (torch.tensor(out.log_probs) - reference_log_probs(model, prompt, out.token_ids)).abs()
+        assert diff.mean() < 0.02 and diff.max() < 0.1, diff

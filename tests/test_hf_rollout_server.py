@@ -2,6 +2,7 @@
 trainer-side adapter that pushes updated weights to it."""
 
 import asyncio
+import os
 
 import pytest
 import ray
@@ -10,12 +11,21 @@ from omegaconf import OmegaConf
 
 from verl.workers.config import RolloutConfig
 
-from pettingllms_verl.backends.cpu.hf_rollout import HFRolloutServer, HFServerAdapter, server_actor_name
+from pettingllms_verl.backends.cpu.hf_rollout import (
+    HFRolloutServer,
+    HFServerAdapter,
+    claim_device,
+    server_actor_name,
+    server_options,
+)
+
+NOSET = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # what verl's CUDA platform lists in ray_noset_envvars()
 
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # A "GPU" resource as on a GPU node (and as the CPU recipes declare for trainer ranks).
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -74,3 +84,56 @@ def test_adapter_update_makes_replica_sample_from_the_updated_actor(server, roll
     tokens, fresh = greedy_reply_log_probs()
     torch.testing.assert_close(fresh, actor_log_probs(tokens), atol=1e-4, rtol=0)
     assert ray.get(server.get_stats.remote())["global_steps"] == 7
+
+
+@ray.remote
+class EnvProbe:
+    def cuda_visible_devices(self):
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_cuda_server_is_pinned_to_the_trainer_workers_device(ray_session):
+    """The server asks Ray for no GPU; Ray (older releases, or RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1)
+    then hides every device from it. The options must keep the trainer worker's device visible."""
+    node_id = ray.get_runtime_context().get_node_id()
+    options = server_options(3, 8, (node_id, "5"), [NOSET])
+    assert options["num_gpus"] == 0 and options["scheduling_strategy"].node_id == node_id
+    assert options["scheduling_strategy"].soft is False
+    del options["name"]
+    options["runtime_env"]["env_vars"]["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "1"
+    assert ray.get(EnvProbe.options(**options).remote().cuda_visible_devices.remote()) == "5"
+    # Negative control: without the NOSET variable Ray empties the list.
+    del options["runtime_env"]["env_vars"][NOSET]
+    assert ray.get(EnvProbe.options(**options).remote().cuda_visible_devices.remote()) == ""
+
+
+def test_cpu_server_gets_no_placement():
+    options = server_options(0, 8, None, [])
+    assert options == {"name": server_actor_name(0), "max_concurrency": 8, "num_cpus": 0, "num_gpus": 0}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only case")
+def test_cuda_server_without_a_visible_device_fails_loudly(rollout_config):
+    with pytest.raises(RuntimeError, match="sees no CUDA device.*refusing to fall back to CPU"):
+        claim_device("cuda", rollout_config)
+
+
+@pytest.mark.gpu
+def test_cuda_server_sleep_frees_the_device_and_wake_up_restores_it(rollout_config, tiny_model_dir, chat_ids):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    server = HFRolloutServer(rollout_config, OmegaConf.create({"path": tiny_model_dir}), 0, device="cuda")
+    prompt = chat_ids("on the gpu")
+
+    async def greedy():
+        return (await server.generate("g", prompt, {"temperature": 0.0, "max_tokens": 6})).token_ids
+
+    awake_tokens = asyncio.run(greedy())
+    awake_bytes = torch.cuda.memory_allocated()
+    asyncio.run(server.sleep())
+    assert torch.cuda.memory_allocated() < awake_bytes - 0.9 * sum(
+        p.numel() * p.element_size() for p in server.engine.model.parameters()
+    )
+    asyncio.run(server.wake_up())
+    assert server.engine.device.type == "cuda"
+    assert asyncio.run(greedy()) == awake_tokens

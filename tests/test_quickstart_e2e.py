@@ -13,25 +13,31 @@ RECIPES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "recipes
 pytestmark = pytest.mark.slow
 
 
-def run_quickstart(artifacts, model_dir, total_steps, metrics_path):
+def run_quickstart(artifacts, model_dir, total_steps, metrics_path, overrides=(), output=None):
     env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)}
     result = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "quickstart_cpu",
-         f"actor_rollout_ref.model.path={model_dir}", f"trainer.total_training_steps={total_steps}"],
+         f"actor_rollout_ref.model.path={model_dir}", f"trainer.total_training_steps={total_steps}", *overrides],
         capture_output=True, text=True, timeout=900, cwd=artifacts, env=env,
     )
     assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
+    if output is not None:
+        output.append(result.stdout + result.stderr)
     return [json.loads(line) for line in open(metrics_path)]
+
+
+def quickstart_artifacts(path):
+    from pettingllms_verl.data.quickstart import rows
+    from pettingllms_verl.data.rows import write_parquet
+
+    write_parquet(rows(64, 0, "train"), str(path / "data/quickstart/train.parquet"))
+    write_parquet(rows(8, 1, "test"), str(path / "data/quickstart/test.parquet"))
+    return path
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir):
-    from pettingllms_verl.data.quickstart import rows
-    from pettingllms_verl.data.rows import write_parquet
-
-    artifacts = tmp_path_factory.mktemp("quickstart")
-    write_parquet(rows(64, 0, "train"), str(artifacts / "data/quickstart/train.parquet"))
-    write_parquet(rows(8, 1, "test"), str(artifacts / "data/quickstart/test.parquet"))
+    artifacts = quickstart_artifacts(tmp_path_factory.mktemp("quickstart"))
     first = run_quickstart(artifacts, tiny_model_dir, 3, artifacts / "run1.jsonl")
     second = run_quickstart(artifacts, tiny_model_dir, 4, artifacts / "run2.jsonl")
     return artifacts, first, second
@@ -62,3 +68,25 @@ def test_second_run_resumes_and_continues_the_step_count(runs):
     checkpoints = artifacts / "checkpoints" / "quickstart_cpu"
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     assert (checkpoints / "global_step_4" / "actor").is_dir()
+
+
+BF16 = ["actor_rollout_ref.rollout.dtype=bfloat16",
+        *(f"actor_rollout_ref.{role}.fsdp_config.mixed_precision.param_dtype=bf16" for role in ("actor", "ref"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision, overrides, max_probs_diff", [("fp32", [], 1e-3), ("bf16", BF16, 3e-2)])
+def test_quickstart_on_one_cuda_device(tmp_path, tiny_model_dir, precision, overrides, max_probs_diff):
+    """The same recipe on a GPU: FSDP2 on NCCL, the hf replica on the trainer worker's device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    output = []
+    records = run_quickstart(quickstart_artifacts(tmp_path), tiny_model_dir, 2, tmp_path / "run.jsonl",
+                             ["trainer.device=cuda", *overrides], output)
+    assert [record["step"] for record in records] == [1, 2]
+    assert "hf rollout server 0: model on cuda" in output[0]
+    for record in records:
+        assert record["data"]["actor/grad_norm"] > 0
+        assert record["data"]["training/rollout_probs_diff_mean"] < max_probs_diff, (precision, record["step"])

@@ -21,6 +21,7 @@ from typing import Any, Generator
 import ray
 import torch
 
+from verl.plugin.platform import get_platform
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -48,30 +49,67 @@ def _torch_dtype(name: str, device: str) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
 
 
+def server_options(replica_rank: int, max_concurrency: int, gpu: tuple[str, str] | None, noset_envvars: list[str]) -> dict:
+    """Ray options for one server actor; ``gpu`` is (node id, physical device id) of the trainer
+    worker whose accelerator the server shares, None on CPU.
+
+    The server asks Ray for no GPU (the trainer worker holds it; asking would wait forever). Ray
+    hides every device from such an actor (CUDA_VISIBLE_DEVICES=""), so the NOSET variables stop
+    Ray from touching it and the worker's device is set at process start, before anything in the
+    process can initialise CUDA.
+    """
+    options: dict[str, Any] = dict(
+        name=server_actor_name(replica_rank), max_concurrency=max_concurrency, num_cpus=0, num_gpus=0
+    )
+    if gpu is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node_id, device_id = gpu
+        options.update(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            runtime_env={"env_vars": {**{var: "1" for var in noset_envvars}, "CUDA_VISIBLE_DEVICES": device_id}},
+        )
+    return options
+
+
+def claim_device(device: str, rollout_config: Any) -> str:
+    """Set this process up for ``device`` ("cpu" or "cuda"); a CUDA server that sees no device is an error."""
+    if device == "cpu":
+        # Trainer, agent-loop and rollout processes share the cores: one thread each avoids
+        # OpenMP oversubscription, which made decoding ~30x slower on 2 cores.
+        torch.set_num_threads(int(_engine_kwargs(rollout_config).get("torch_threads", 1)))
+        return device
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"hf rollout: the trainer runs on {device} but this rollout server sees no CUDA device "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+            "refusing to fall back to CPU silently"
+        )
+    return device
+
+
 class HFRolloutServer:
     """Token-in/token-out server over one model copy (the methods verl's replica/client call)."""
 
-    def __init__(self, rollout_config: Any, model_config: Any, replica_rank: int):
+    def __init__(self, rollout_config: Any, model_config: Any, replica_rank: int, device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from verl.utils.fs import copy_to_local
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cpu":
-            # Trainer, agent-loop and rollout processes share the cores: one thread each avoids
-            # OpenMP oversubscription, which made decoding ~30x slower on 2 cores.
-            torch.set_num_threads(int(_engine_kwargs(rollout_config).get("torch_threads", 1)))
+        device = claim_device(device, rollout_config)
         # The replica passes the raw `actor_rollout_ref.model` DictConfig (paths not yet localised).
         path = copy_to_local(model_config.get("local_path") or model_config.get("path"))
         tokenizer_path = copy_to_local(model_config.get("tokenizer_path") or path)
         trust_remote_code = bool(model_config.get("trust_remote_code", False))
+        dtype = _torch_dtype(str(rollout_config.dtype), device)
         model = AutoModelForCausalLM.from_pretrained(
             path,
-            dtype=_torch_dtype(str(rollout_config.dtype), device),
+            dtype=dtype,
             attn_implementation="sdpa",
             trust_remote_code=trust_remote_code,
         ).to(device)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+        print(f"hf rollout server {replica_rank}: model on {device} ({dtype}), {path}", flush=True)
         torch.manual_seed(int(rollout_config.seed) + replica_rank)
         self.engine = HFGenerationEngine(model, tokenizer, max_batch_size=int(rollout_config.max_num_seqs or 64))
         self.device = device
@@ -179,25 +217,24 @@ class HFRolloutReplica(RolloutReplica):
     """One ``HFRolloutServer`` per replica, beside the trainer workers."""
 
     async def launch_servers(self) -> None:
-        options: dict[str, Any] = dict(
-            name=server_actor_name(self.replica_rank),
-            max_concurrency=self.max_concurrency,
-            num_cpus=0,
-            # The accelerator is held by the trainer worker of this replica: asking Ray for one
-            # would wait forever. On CUDA the server joins the worker's node and device instead.
-            num_gpus=0,
+        # The driver's platform decides (verl detects CUDA there even though Ray hides the devices).
+        platform = get_platform()
+        device = "cpu" if platform.device_name == "cpu" else "cuda"
+        gpu = None
+        if device == "cuda":
+            if not self.workers:
+                raise NotImplementedError("hf rollout on CUDA shares the trainer workers' GPUs: use the hybrid engine")
+            resource = platform.ray_resource_name()
+            gpu = await self.workers[0].__ray_call__.remote(
+                lambda worker: (
+                    ray.get_runtime_context().get_node_id(),
+                    str(ray.get_runtime_context().get_accelerator_ids()[resource][0]),
+                )
+            )
+        options = server_options(self.replica_rank, self.max_concurrency, gpu, platform.ray_noset_envvars())
+        server = ray.remote(HFRolloutServer).options(**options).remote(
+            self.config, self.model_config, self.replica_rank, device
         )
-        if self.workers and torch.cuda.is_available():
-            node_id, visible = await self.workers[0].__ray_call__.remote(
-                lambda worker: (ray.get_runtime_context().get_node_id(), os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-            )
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            options.update(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-                runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": visible}},
-            )
-        server = ray.remote(HFRolloutServer).options(**options).remote(self.config, self.model_config, self.replica_rank)
         await server.get_stats.remote()  # surface model-loading errors here, in the driver
         self.servers = [server]
         self._server_handle = server
