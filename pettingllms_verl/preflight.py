@@ -32,19 +32,48 @@ def _is_local_path(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or os.sep in value and value.count("/") > 1
 
 
+def _hub_model_problem(model_id: str) -> str | None:
+    """Why a hub id cannot be loaded here, or None: in the local HF cache, or the hub answers.
+
+    Without this the first sign of no network is a connection error inside a Ray worker.
+    """
+    import httpx  # huggingface_hub's HTTP client: its transport errors mean "no network"
+    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+
+    try:
+        if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
+            return None
+    except HFValidationError:
+        return "neither a directory nor a valid hub id"
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return "not a directory and not in the local HF cache (HF_HUB_OFFLINE=1: no download)"
+    try:
+        HfApi().model_info(model_id, timeout=10)
+    except RepositoryNotFoundError:
+        return "no such model on the hub (or it is private: log in with `hf auth login`)"
+    except (httpx.TransportError, OSError) as error:
+        return f"not in the local HF cache and the hub is unreachable ({type(error).__name__}: {error})"
+    except Exception:  # gated repos, rate limits...: transformers reports those itself
+        return None
+    return None
+
+
 def check(config: DictConfig) -> None:
     """Raise ``ConfigError`` for the first problem found."""
     model_path = _select(config, "actor_rollout_ref.model.path")
     if not model_path:
         raise ConfigError("actor_rollout_ref.model.path", "not set", "point it at a HF model directory or hub id")
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    if (_is_local_path(model_path) or offline) and not os.path.isdir(os.path.expanduser(model_path)):
-        raise ConfigError(
-            "actor_rollout_ref.model.path",
-            f"model directory not found: {model_path}" + (" (HF_HUB_OFFLINE=1: no download)" if offline else ""),
-            "build the tiny model with `make model` (python -m pettingllms_verl.models.tiny --out DIR) "
-            "or set actor_rollout_ref.model.path=<dir>",
-        )
+    if not os.path.isdir(os.path.expanduser(model_path)):
+        problem = "model directory not found" if _is_local_path(model_path) else _hub_model_problem(model_path)
+        if problem:
+            raise ConfigError(
+                "actor_rollout_ref.model.path",
+                f"{problem}: {model_path}",
+                "build the tiny model with `make model` (python -m pettingllms_verl.models.tiny --out DIR), "
+                "download the model where there is network (`hf download <id> --local-dir DIR`), "
+                "or set actor_rollout_ref.model.path=<dir>",
+            )
     for key in ("data.train_files", "data.val_files"):
         files = _select(config, key)
         if files is None:

@@ -50,6 +50,29 @@ def test_too_few_ray_gpu_slots_for_trainer_ranks(tmp_path):
         check(config(tmp_path, **{"trainer.n_gpus_per_node": 2}))
 
 
+def test_hub_id_without_network_names_the_key_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(ConfigError, match="hub is unreachable") as error:
+        check(config(tmp_path, **{"actor_rollout_ref.model.path": "Qwen/Qwen3-1.7B"}))
+    assert error.value.key == "actor_rollout_ref.model.path" and "Qwen/Qwen3-1.7B" in str(error.value)
+
+
+def test_hub_id_offline_is_accepted_only_from_the_local_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--org--tiny" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--org--tiny" / "refs").mkdir()
+    (cache / "models--org--tiny" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    check(config(tmp_path, **{"actor_rollout_ref.model.path": "org/tiny"}))
+    with pytest.raises(ConfigError, match="not in the local HF cache"):
+        check(config(tmp_path, **{"actor_rollout_ref.model.path": "org/other"}))
+
+
 def test_main_ppo_reports_missing_dataset_in_driver_without_starting_ray(tmp_path, tiny_model_dir):
     missing = tmp_path / "nope" / "train.parquet"
     result = subprocess.run(
