@@ -59,6 +59,30 @@ def _hub_model_problem(model_id: str) -> str | None:
     return None
 
 
+def _registered_names() -> dict[str, list[str]]:
+    """Config keys whose value verl looks up in a registry, with the registered names (this
+    plugin's included: its entry point may not have run in this process yet)."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+
+    from pettingllms_verl.registration import register
+
+    register()
+    return {
+        "actor_rollout_ref.rollout.name": sorted({name for name, _mode in _ROLLOUT_REGISTRY}),
+        "algorithm.adv_estimator": sorted(ADV_ESTIMATOR_REGISTRY),
+        "trainer.v1.trainer_mode": sorted(TRAINER_REGISTRY),
+    }
+
+
+def _check_registered(config: DictConfig, key: str, names: list[str]) -> None:
+    """A name verl looks up in a registry; a typo otherwise fails inside a Ray worker minutes later."""
+    value = _select(config, key)
+    if value is not None and str(value) not in names:
+        raise ConfigError(key, f"unknown name {value!r}", f"use one of: {', '.join(names)}")
+
+
 def check(config: DictConfig) -> None:
     """Raise ``ConfigError`` for the first problem found."""
     model_path = _select(config, "actor_rollout_ref.model.path")
@@ -86,6 +110,8 @@ def check(config: DictConfig) -> None:
                     "run the matching data_prep script (see README, e.g. `make data`) or set "
                     f"{key}=<parquet path>",
                 )
+    for key, names in _registered_names().items():
+        _check_registered(config, key, names)
     if _select(config, "actor_rollout_ref.rollout.name") == "hf":
         world = int(_select(config, "trainer.n_gpus_per_node") or 0) * int(_select(config, "trainer.nnodes") or 1)
         declared = _select(config, "ray_kwargs.ray_init.num_gpus")

@@ -50,6 +50,18 @@ def test_too_few_ray_gpu_slots_for_trainer_ranks(tmp_path):
         check(config(tmp_path, **{"trainer.n_gpus_per_node": 2}))
 
 
+@pytest.mark.parametrize(
+    "key, typo", [("actor_rollout_ref.rollout.name", "hff"), ("algorithm.adv_estimator", "at-grpo"),
+                  ("trainer.v1.trainer_mode", "mas-sync")],
+)
+def test_unknown_registry_name_lists_the_registered_ones(tmp_path, key, typo):
+    check(config(tmp_path, **{key: {"actor_rollout_ref.rollout.name": "hf", "algorithm.adv_estimator": "at_grpo",
+                                    "trainer.v1.trainer_mode": "mas_sync"}[key]}))
+    with pytest.raises(ConfigError, match=f"unknown name '{typo}'") as error:
+        check(config(tmp_path, **{key: typo}))
+    assert error.value.key == key and "use one of:" in str(error.value)
+
+
 def test_hub_id_without_network_names_the_key_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty_cache"))
