@@ -110,6 +110,14 @@ def check(config: DictConfig) -> None:
                     "run the matching data_prep script (see README, e.g. `make data`) or set "
                     f"{key}=<parquet path>",
                 )
+    if _select(config, "pettingllms") is not None:
+        from pettingllms_verl.rollout.settings import RolloutSettings, SettingsError
+
+        try:
+            RolloutSettings.from_config(config.pettingllms)
+        except SettingsError as error:
+            key, _, problem = str(error).partition(": ")
+            raise ConfigError(key, problem, "see the `pettingllms:` section in the README") from None
     for key, names in _registered_names().items():
         _check_registered(config, key, names)
     if _select(config, "actor_rollout_ref.rollout.name") == "hf":

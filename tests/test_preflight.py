@@ -62,6 +62,18 @@ def test_unknown_registry_name_lists_the_registered_ones(tmp_path, key, typo):
     assert error.value.key == key and "use one of:" in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "key, value, problem",
+    [("pettingllms.rollout_mod", "tree", "unknown keys ['rollout_mod']"),
+     ("pettingllms.k", "0", "0 branches per node"),
+     ("pettingllms.roles.plan.sampling.temprature", "0.5", "unknown keys ['temprature']")],
+)
+def test_bad_pettingllms_section_names_the_key(tmp_path, key, value, problem):
+    with pytest.raises(ConfigError) as error:
+        check(config(tmp_path, **{key: value}))
+    assert key.startswith(error.value.key) and problem in str(error.value)
+
+
 def test_hub_id_without_network_names_the_key_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty_cache"))
