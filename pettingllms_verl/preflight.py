@@ -121,6 +121,14 @@ def check(config: DictConfig) -> None:
     for key, names in _registered_names().items():
         _check_registered(config, key, names)
     if _select(config, "actor_rollout_ref.rollout.name") == "hf":
+        for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
+            size = _select(config, f"actor_rollout_ref.rollout.{key}")
+            if size is not None and int(size) != 1:
+                raise ConfigError(
+                    f"actor_rollout_ref.rollout.{key}",
+                    f"{size}: the hf rollout serves one whole model copy per trainer rank (no model parallelism)",
+                    f"set actor_rollout_ref.rollout.{key}=1",
+                )
         world = int(_select(config, "trainer.n_gpus_per_node") or 0) * int(_select(config, "trainer.nnodes") or 1)
         declared = _select(config, "ray_kwargs.ray_init.num_gpus")
         if declared is not None and int(declared) < world:

@@ -137,3 +137,15 @@ def test_cuda_server_sleep_frees_the_device_and_wake_up_restores_it(rollout_conf
     asyncio.run(server.wake_up())
     assert server.engine.device.type == "cuda"
     assert asyncio.run(greedy()) == awake_tokens
+
+
+@pytest.mark.gpu
+def test_cuda_server_stays_on_the_device_when_verl_will_not_wake_it(tiny_model_dir):
+    # verl sleeps the replica every step but calls wake_up only with rollout.free_cache_engine.
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    config = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=8,
+                           dtype="bfloat16", free_cache_engine=False)
+    server = HFRolloutServer(config, OmegaConf.create({"path": tiny_model_dir}), 0, device="cuda")
+    asyncio.run(server.sleep())
+    assert server.engine.device.type == "cuda" and server.engine.model.dtype == torch.bfloat16

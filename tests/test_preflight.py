@@ -74,6 +74,14 @@ def test_bad_pettingllms_section_names_the_key(tmp_path, key, value, problem):
     assert key.startswith(error.value.key) and problem in str(error.value)
 
 
+def test_hf_rollout_refuses_model_parallel_sizes(tmp_path):
+    # verl's default TP is 2: the hf server would serve one GPU of each pair and leave the other idle.
+    with pytest.raises(ConfigError, match="one whole model copy per trainer rank") as error:
+        check(config(tmp_path, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": 2}))
+    assert error.value.key == "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    check(config(tmp_path, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": 1}))
+
+
 def test_hub_id_without_network_names_the_key_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty_cache"))

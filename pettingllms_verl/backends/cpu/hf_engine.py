@@ -59,6 +59,40 @@ class Generation:
     finish_reason: str  # "stop" (eos or stop string) or "length"
 
 
+class _SampledTokenLogProbs:
+    """Forward hook on the model during ``generate``: the log-prob of each sampled token under
+    ``log_softmax(raw logits / temperature)``, kept one (bs,) row per step.
+
+    ``output_logits=True`` would keep every step's full-vocabulary logits instead: bs x new tokens
+    x vocab floats, tens of GB for a 150k vocabulary and 2k-token replies on a GPU. Each forward
+    call of the decode loop receives the token sampled from the previous call's logits, so that
+    call completes the previous step; the last step is completed by ``finish``.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.pending: torch.Tensor | None = None  # (bs, vocab) log-probs of the step awaiting its token
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        if self.pending is not None:
+            self._take(input_ids[:, -1])
+        self.pending = torch.log_softmax(output.logits[:, -1].float() / self.temperature, dim=-1)
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self.steps.append(self.pending.gather(-1, tokens[:, None])[:, 0])
+        self.pending = None
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """(bs, new_len) log-probs of ``new_tokens`` (bs, new_len), the tokens generate returned."""
+        if self.pending is not None:
+            self._take(new_tokens[:, -1])
+        if len(self.steps) != new_tokens.shape[1]:  # e.g. a decoding strategy with several tokens per forward
+            raise RuntimeError(f"hf engine: {len(self.steps)} forward steps for {new_tokens.shape[1]} new tokens")
+        return torch.stack(self.steps, dim=1)
+
+
 class HFGenerationEngine:
     """Owns one model copy; thread-safe (generation and weight loading never overlap)."""
 
@@ -113,8 +147,6 @@ class HFGenerationEngine:
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             repetition_penalty=spec.repetition_penalty,
-            output_logits=True,
-            return_dict_in_generate=True,
         )
         if spec.greedy:  # unset sampling knobs so generation_config defaults cannot leak in
             kwargs.update(temperature=None, top_p=None, top_k=None)
@@ -122,15 +154,18 @@ class HFGenerationEngine:
             kwargs.update(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else 0)
         if spec.stop:
             kwargs.update(stop_strings=list(spec.stop), tokenizer=self.tokenizer)
+        recorder = _SampledTokenLogProbs(1.0 if spec.greedy else spec.temperature)
         with self._lock:
-            out = self.model.generate(
-                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **kwargs
-            )
-        new_tokens = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # (bs, new_len, vocab), raw (before processors)
-        if not spec.greedy:
-            logits = logits / spec.temperature
-        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+            hook = self.model.register_forward_hook(recorder, with_kwargs=True)
+            try:
+                sequences = self.model.generate(
+                    input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **kwargs
+                )
+            finally:
+                hook.remove()
+        new_tokens = sequences[:, width:]
+        log_probs = recorder.finish(new_tokens).cpu()
+        new_tokens = new_tokens.cpu()
         return [self._finish(new_tokens[row].tolist(), log_probs[row].tolist(), s) for row, s in enumerate(specs)]
 
     def _finish(self, tokens: list[int], log_probs: list[float], spec: SamplingSpec) -> Generation:
@@ -148,6 +183,11 @@ class HFGenerationEngine:
                     end, reason = i + 1, "stop"
                     break
         return Generation(token_ids=tokens[:end], log_probs=log_probs[:end], finish_reason=reason)
+
+    def move_to(self, device: str) -> None:
+        """Move the model (sleep/wake on CUDA); never in the middle of a generate or a weight load."""
+        with self._lock:
+            self.model.to(device)
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
         """Copy trainer weights in place (HF parameter names); returns how many tensors were loaded.

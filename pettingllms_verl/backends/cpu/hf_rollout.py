@@ -22,6 +22,7 @@ import ray
 import torch
 
 from verl.plugin.platform import get_platform
+from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -44,9 +45,8 @@ def server_actor_name(replica_rank: int) -> str:
 
 
 def _torch_dtype(name: str, device: str) -> torch.dtype:
-    if device == "cpu":
-        return torch.float32  # bf16 matmuls on CPU are slow and drift from the fp32 actor
-    return {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
+    """``rollout.dtype`` on CUDA; fp32 on CPU, where bf16 matmuls are slow and drift from the fp32 actor."""
+    return torch.float32 if device == "cpu" else PrecisionType.to_dtype(name)
 
 
 def server_options(replica_rank: int, max_concurrency: int, gpu: tuple[str, str] | None, noset_envvars: list[str]) -> dict:
@@ -113,6 +113,9 @@ class HFRolloutServer:
         torch.manual_seed(int(rollout_config.seed) + replica_rank)
         self.engine = HFGenerationEngine(model, tokenizer, max_batch_size=int(rollout_config.max_num_seqs or 64))
         self.device = device
+        self.dtype = dtype
+        # verl sleeps the replica every step but wakes it only when free_cache_engine is set.
+        self.offload_when_asleep = device == "cuda" and bool(rollout_config.free_cache_engine)
         self.prompt_length = int(rollout_config.prompt_length)
         self.response_length = int(rollout_config.response_length)
         self.global_steps: int | None = None
@@ -177,15 +180,15 @@ class HFRolloutServer:
         return {"generate_calls": self.generate_calls, "device": self.device, "global_steps": self.global_steps}
 
     # Memory management. On CPU there is nothing to free, so these are explicit no-ops; on CUDA
-    # sleep moves the model to host memory and wake_up brings it back.
+    # (with rollout.free_cache_engine) sleep moves the model to host memory and wake_up brings it back.
     async def sleep(self, *_args, **_kwargs) -> None:
-        if self.device == "cuda":
-            self.engine.model.to("cpu")
+        if self.offload_when_asleep:
+            await asyncio.to_thread(self.engine.move_to, "cpu")
             torch.cuda.empty_cache()
 
     async def wake_up(self, *_args, **_kwargs) -> None:
-        if self.device == "cuda":
-            self.engine.model.to("cuda")
+        if self.offload_when_asleep:
+            await asyncio.to_thread(self.engine.move_to, self.device)
 
     async def clear_kv_cache(self) -> None:  # no persistent KV cache between requests
         return None
@@ -283,7 +286,11 @@ class HFServerAdapter(BaseRollout):
             raise NotImplementedError(
                 "hf rollout: LoRA adapters are synced merged; set actor_rollout_ref.model.lora.merge=True"
             )
-        # Every rank must drain the generator: it performs collective gathers.
-        named = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
+        # Every rank must drain the generator (it performs collective gathers); only the sender keeps
+        # a host copy, already in the rollout's dtype (the trainer's full tensors are fp32 masters).
+        named = {}
+        for name, tensor in weights:
+            if self.is_sender:
+                named[name] = tensor.detach().to(_torch_dtype(str(self.config.dtype), tensor.device.type)).to("cpu", copy=True)
         if self.is_sender:
             await self.server.update_weights.remote(named, kwargs.get("global_steps"))
