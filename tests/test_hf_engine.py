@@ -114,6 +114,13 @@ def test_weight_update_rejects_unknown_names(engine):
         engine.load_weights({"model.layers.99.mlp.up_proj.weight": torch.zeros(1)})
 
 
+def test_weight_update_rejects_a_partial_update(engine):
+    weights = {name: p.detach().clone() for name, p in engine.model.named_parameters()}
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(KeyError, match="leaves 1 parameters stale.*layers.1.mlp.up_proj"):
+        engine.load_weights(weights)
+
+
 @pytest.mark.gpu
 def test_bf16_on_cuda_log_probs_track_a_bf16_forward(tiny_model_dir, tokenizer, chat_ids):
     """The GPU default dtype: batched bf16 generation vs an unpadded bf16 forward (loose: bf16 rounding)."""

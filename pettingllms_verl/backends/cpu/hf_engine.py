@@ -192,13 +192,17 @@ class HFGenerationEngine:
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
         """Copy trainer weights in place (HF parameter names); returns how many tensors were loaded.
 
-        Every name must match a parameter or buffer of this model: a silent mismatch would leave
-        the rollout sampling from stale weights (off-policy without anyone noticing).
+        Every name must match a parameter or buffer of this model, and every parameter must be
+        sent: a silent mismatch would leave the rollout sampling from stale weights (off-policy
+        without anyone noticing).
         """
         state = self.model.state_dict()
         unknown = sorted(set(named_tensors) - set(state))
         if unknown:
             raise KeyError(f"hf rollout: {len(unknown)} weight names not in the rollout model, e.g. {unknown[:3]}")
+        unsent = sorted(name for name, _ in self.model.named_parameters() if name not in named_tensors)
+        if unsent:
+            raise KeyError(f"hf rollout: the update leaves {len(unsent)} parameters stale, e.g. {unsent[:3]}")
         with self._lock, torch.no_grad():
             for name, tensor in named_tensors.items():
                 state[name].copy_(tensor.to(device=state[name].device, dtype=state[name].dtype))
