@@ -6,7 +6,7 @@
 2. (--step-metrics FILE) mean per-phase times of a quickstart run from verl's file logger,
    skipping the run's first step (lazy worker start-up).
 
-    python benchmarks/bench_rollout.py [--requests 8] [--tokens 32] [--step-metrics run.jsonl]
+    python benchmarks/bench_rollout.py [--requests 8] [--tokens 32] [--device cpu|cuda] [--step-metrics run.jsonl]
 """
 
 import argparse
@@ -25,10 +25,10 @@ from pettingllms_verl.models.tiny import build
 STEP_PHASES = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights", "timing_s/step")
 
 
-def rollout_rates(requests: int, tokens: int, repeats: int = 3) -> dict:
+def rollout_rates(requests: int, tokens: int, device: str = "cpu", repeats: int = 3) -> dict:
     model_dir = build(tempfile.mkdtemp(prefix="bench_tiny_"), seed=0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
     engine = HFGenerationEngine(model, tokenizer)
     engine.eos_token_ids = [len(tokenizer) + 1]  # an id never sampled: fixed-length replies, equal work in both modes
     prompts = [
@@ -47,7 +47,7 @@ def rollout_rates(requests: int, tokens: int, repeats: int = 3) -> dict:
 
     batched = best_rate(lambda: sum(len(o.token_ids) for o in engine.generate(prompts, [spec] * requests)))
     serial = best_rate(lambda: sum(len(engine.generate([p], [spec])[0].token_ids) for p in prompts))
-    return {"requests": requests, "tokens_per_request": tokens, "batched_tokens_per_s": batched,
+    return {"device": device, "requests": requests, "tokens_per_request": tokens, "batched_tokens_per_s": batched,
             "one_at_a_time_tokens_per_s": serial, "speedup": batched / serial}
 
 
@@ -63,13 +63,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=8, help="concurrent requests")
     parser.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the engine runs")
     parser.add_argument("--step-metrics", help="verl file-logger jsonl of a quickstart run")
     parser.add_argument("--out", default="benchmarks/results/rollout.json", help="JSON output path")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # as the hf server does on CPU (see hf_rollout.py)
-    result = {"rollout": rollout_rates(args.requests, args.tokens)}
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # as the hf server does on CPU (see hf_rollout.py)
+    result = {"rollout": rollout_rates(args.requests, args.tokens, args.device)}
     r = result["rollout"]
-    print(f"| hf rollout, {r['requests']} requests x {r['tokens_per_request']} tokens | tokens/s |")
+    print(f"| hf rollout on {r['device']}, {r['requests']} requests x {r['tokens_per_request']} tokens | tokens/s |")
     print("|---|---|")
     print(f"| batched (one generate call) | {r['batched_tokens_per_s']:.0f} |")
     print(f"| one at a time | {r['one_at_a_time_tokens_per_s']:.0f} |")
