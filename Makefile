@@ -18,10 +18,14 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
 # On a GPU machine: make install TORCH_INDEX=https://download.pytorch.org/whl/cu128 (or TORCH_INDEX= for PyPI's).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# The index is used only where it answers: unreachable, pip retries it 5 times for torch and for each
+# of its dependencies (minutes of back-off on an offline CI machine that has the wheel locally).
+TORCH_INDEX_REACHABLE = $(if $(TORCH_INDEX),$(shell $(PYTHON) -c "import urllib.request; urllib.request.urlopen('$(TORCH_INDEX)/torch/', timeout=5)" >/dev/null 2>&1 && echo yes))
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(if $(TORCH_INDEX_REACHABLE),,$(if $(TORCH_INDEX),@echo "note: $(TORCH_INDEX) does not answer; installing torch==2.13.0 from the configured indexes only"))
+	$(PY) -m pip install -q "torch==2.13.0" $(if $(TORCH_INDEX_REACHABLE),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q "torch==2.13.0" -e ".[test]"
 	touch $@
 
