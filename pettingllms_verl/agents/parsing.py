@@ -56,6 +56,25 @@ def extract_code(text: str, languages: tuple[str, ...] = ("python", "py", "pytho
     return None
 
 
+def last_boxed(text: str, max_chars: int = 200) -> str | None:
+    """The content of the last ``\\boxed{...}`` (braces balanced), stripped; None when there is
+    none, it is unclosed or empty, or longer than ``max_chars``."""
+    text = strip_think(text)
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            if depth == 0:
+                content = text[begin:i].strip()
+                return content if 0 < len(content) <= max_chars else None
+            depth -= 1
+    return None
+
+
 def int_or_none(token: str) -> int | None:
     """``int(token)`` for a plain decimal of at most ``MAX_DIGITS`` digits, else None."""
     digits = token[1:] if token.startswith("-") else token

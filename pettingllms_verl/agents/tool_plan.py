@@ -54,15 +54,20 @@ def plan_messages(prompts: PuzzlePrompts, view: dict, tool_code: str | None, too
     """Plan agent's messages; the tool section appears only once a tool has run (never in SA)."""
     user = prompts.render(view)
     if tool_code is not None:
-        user += (
-            f"\n\nThe tool agent's program:\n```python\n{_cut(tool_code, MAX_TOOL_CODE_CHARS)}\n```\n"
-            f"Its output:\n{_cut(tool_output or '(nothing)', MAX_TOOL_OUTPUT_CHARS)}"
-        )
+        user += tool_section(tool_code, tool_output)
     return [
         {"role": "system", "content": f"{prompts.rules}\n\n{prompts.answer_format}"},
         {"role": "user", "content": user},
     ]
 
 
-def _cut(text: str, limit: int) -> str:
+def tool_section(tool_code: str, tool_output: str | None) -> str:
+    """The tool agent's last program and output as another agent is shown them (cut to fit)."""
+    return (
+        f"\n\nThe tool agent's program:\n```python\n{cut(tool_code, MAX_TOOL_CODE_CHARS)}\n```\n"
+        f"Its output:\n{cut(tool_output or '(nothing)', MAX_TOOL_OUTPUT_CHARS)}"
+    )
+
+
+def cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "\n...(cut)"

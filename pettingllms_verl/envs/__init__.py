@@ -14,6 +14,7 @@ _ENVS: dict[str, str] = {
     "sudoku": "pettingllms_verl.envs.sudoku:SudokuEnv",
     "tictactoe": "pettingllms_verl.envs.tictactoe:TicTacToeEnv",
     "hanabi": "pettingllms_verl.envs.hanabi:HanabiEnv",
+    "math": "pettingllms_verl.envs.math:MathEnv",
 }
 
 

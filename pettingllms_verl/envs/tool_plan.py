@@ -107,7 +107,7 @@ class ToolPlanEnv(Env):
             return StepResult(PARSE_PENALTY, False, {"tool_status": "no_code"})
         run = run_python(code, stdin=json.dumps(self.view()), limits=self.tool_limits)
         self.tool_code = code
-        self.tool_output = run.stdout if run.ok else f"[{run.status}] {run.stdout}\n{run.stderr[-300:]}".strip()
+        self.tool_output = run.transcript()
         if not run.ok:
             return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": run.status})
         actions = self.parse_actions(run.stdout)

@@ -46,6 +46,10 @@ class SandboxResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    def transcript(self, stderr_chars: int = 300) -> str:
+        """What another agent is shown of the run: stdout, and on failure the status and the end of stderr."""
+        return self.stdout if self.ok else f"[{self.status}] {self.stdout}\n{self.stderr[-stderr_chars:]}".strip()
+
 
 class _ForkServerHandle:
     def __init__(self):

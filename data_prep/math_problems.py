@@ -1,0 +1,93 @@
+"""Write math train/test parquet: ``python data_prep/math_problems.py --out-dir DIR``.
+
+Sources (``--train-source``, ``--test-source``; the latter may repeat):
+- a preset: ``deepscaler`` (train), ``aime2024``, ``aime2025``, ``olympiadbench`` (open-ended,
+  English, competition maths) - downloaded from the Hugging Face hub, so online only;
+- ``hub:NAME[:CONFIG][@SPLIT]`` with ``--problem-key`` / ``--answer-key`` for its columns;
+- ``file:PATH`` (jsonl, json or parquet with those columns), for offline machines;
+- ``fixture``: the small problem set shipped with the package (offline tests, CPU recipes); its
+  train and test parts are disjoint.
+A train problem whose text also appears in the test set is dropped (the splits share none: checked).
+"""
+
+import argparse
+import os
+import re
+import sys
+
+from pettingllms_verl.data.rows import task_row, write_parquet
+from pettingllms_verl.data.sources import SourceError, column, load_records
+from pettingllms_verl.envs.math import fixture_tasks
+
+# preset -> (hub source, problem column, answer column)
+PRESETS = {
+    "deepscaler": ("hub:agentica-org/DeepScaleR-Preview-Dataset@train", "problem", "answer"),
+    "aime2024": ("hub:HuggingFaceH4/aime_2024@train", "problem", "answer"),
+    "aime2025": ("hub:yentinglin/aime_2025@train", "problem", "answer"),
+    "olympiadbench": ("hub:Hothan/OlympiadBench:OE_TO_maths_en_COMP@train", "question", "final_answer"),
+}
+FIXTURE_TEST_EVERY = 5  # fixture problems 0, 5, 10, ... are its test part
+
+
+def answer_text(value) -> str:
+    """A gold answer as one string: lists (OlympiadBench) joined, ``$...$`` dropped."""
+    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
+        value = ", ".join(str(v) for v in list(value))
+    return str(value).strip().strip("$").strip()
+
+
+def load_tasks(source: str, split: str, problem_key: str, answer_key: str) -> list[dict]:
+    """``{"problem", "answer"}`` dicts of one source."""
+    if source == "fixture":
+        tasks = fixture_tasks()
+        return [t for i, t in enumerate(tasks) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
+    if source in PRESETS:
+        source, problem_key, answer_key = PRESETS[source]
+    return [
+        {"problem": str(column(r, problem_key, source)).strip(), "answer": answer_text(column(r, answer_key, source))}
+        for r in load_records(source)
+    ]
+
+
+def problem_key_of(task: dict) -> str:
+    return re.sub(r"\s+", " ", task["problem"]).strip().lower()
+
+
+def build_splits(train_source: str, test_sources: list[str], train: int | None, test: int | None, keys: tuple[str, str]) -> dict:
+    test_tasks = [task for source in test_sources for task in load_tasks(source, "test", *keys)]
+    test_tasks = list({problem_key_of(t): t for t in test_tasks if t["answer"]}.values())[:test]
+    held_out = {problem_key_of(t) for t in test_tasks}
+    train_tasks = [t for t in load_tasks(train_source, "train", *keys) if t["answer"] and problem_key_of(t) not in held_out]
+    train_tasks = list({problem_key_of(t): t for t in train_tasks}.values())[:train]
+    assert not held_out & {problem_key_of(t) for t in train_tasks}, "train and test share problems"
+    return {
+        split: [task_row("math", i, task, split, i) for i, task in enumerate(tasks)]
+        for split, tasks in (("train", train_tasks), ("test", test_tasks))
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", default="data/math", help="directory for train.parquet and test.parquet")
+    parser.add_argument("--train-source", default="deepscaler", help="where training problems come from (see above)")
+    parser.add_argument("--test-source", action="append", help="where test problems come from; repeat to concatenate (default: aime2024, aime2025)")
+    parser.add_argument("--train", type=int, default=None, help="at most this many training problems (default: all)")
+    parser.add_argument("--test", type=int, default=None, help="at most this many test problems (default: all)")
+    parser.add_argument("--problem-key", default="problem", help="problem column of hub:/file: sources")
+    parser.add_argument("--answer-key", default="answer", help="gold answer column of hub:/file: sources")
+    args = parser.parse_args(argv)
+    try:
+        splits = build_splits(
+            args.train_source, args.test_source or ["aime2024", "aime2025"], args.train, args.test, (args.problem_key, args.answer_key)
+        )
+    except SourceError as error:
+        sys.exit(f"data_prep/math_problems.py: {error}")
+    for split, rows in splits.items():
+        if not rows:
+            sys.exit(f"data_prep/math_problems.py: no {split} problems (check --{split}-source and the key options)")
+        path = os.path.join(args.out_dir, f"{split}.parquet")
+        print(f"wrote {write_parquet(rows, path)} {split} problems to {path}")
+
+
+if __name__ == "__main__":
+    main()

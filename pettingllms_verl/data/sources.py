@@ -1,0 +1,72 @@
+"""Problem sets from outside the package: local files, and Hugging Face hub datasets for users who
+are online. Every failure is a ``SourceError`` that names the source and what to do.
+
+Source strings (data_prep ``--*-source`` options):
+- ``file:PATH``: a ``.jsonl``, ``.json`` (a list of objects) or ``.parquet`` file;
+- ``hub:NAME[:CONFIG][@SPLIT]``: ``datasets.load_dataset(NAME, CONFIG, split=SPLIT)`` (split
+  ``train`` when not given).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+class SourceError(RuntimeError):
+    pass
+
+
+def load_records(source: str) -> list[dict]:
+    """The rows of ``source`` as plain dicts."""
+    kind, _, spec = source.partition(":")
+    if kind == "file" and spec:
+        return _file_records(spec)
+    if kind == "hub" and spec:
+        return _hub_records(spec)
+    raise SourceError(f"source {source!r}: expected file:PATH or hub:NAME[:CONFIG][@SPLIT]")
+
+
+def _file_records(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        raise SourceError(f"source file:{path}: no such file")
+    try:
+        if path.endswith(".parquet"):
+            import pandas as pd
+
+            return pd.read_parquet(path).to_dict("records")
+        with open(path, encoding="utf-8") as f:
+            if path.endswith(".jsonl"):
+                return [json.loads(line) for line in f if line.strip()]
+            if path.endswith(".json"):
+                records = json.load(f)
+                if isinstance(records, list):
+                    return records
+                raise SourceError(f"source file:{path}: a .json file must hold a list of objects")
+    except (OSError, ValueError) as error:
+        raise SourceError(f"source file:{path}: cannot read it ({error})") from error
+    raise SourceError(f"source file:{path}: use a .jsonl, .json or .parquet file")
+
+
+def _hub_records(spec: str) -> list[dict]:
+    name, _, split = spec.partition("@")
+    name, _, config = name.partition(":")
+    try:
+        import datasets
+
+        rows = datasets.load_dataset(name, config or None, split=split or "train")
+    except Exception as error:  # offline, unknown name or split, gated dataset, ...
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        raise SourceError(
+            f"source hub:{spec}: cannot load it from the Hugging Face hub ({type(error).__name__}: {error})."
+            + (" HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set: unset it to download." if offline else "")
+            + " Offline, download the dataset elsewhere and pass file:PATH (jsonl or parquet)."
+        ) from error
+    return [dict(row) for row in rows]
+
+
+def column(record: dict, key: str, source: str):
+    """``record[key]``, or a SourceError listing the columns the source has."""
+    if key not in record:
+        raise SourceError(f"source {source}: no column {key!r}; it has {sorted(record)} (choose one with the data_prep key options)")
+    return record[key]

@@ -1,0 +1,119 @@
+"""Are two math answers equivalent? math-verify (sympy underneath), run in a child process.
+
+Answers are model output: hostile text for a symbolic algebra system (``9^{9^{9^9}}`` makes
+sympy compute for ever). math-verify bounds its work with ``SIGALRM``, which works only in a
+process's main thread, while episodes step environments in worker threads. So answers are graded
+in the main thread of a child process, where that alarm applies, and the caller also bounds its
+wait: when the child does not answer in time (a C-level big-integer power ignores the alarm) it is
+killed, restarted on the next call, and the answer counts as not equivalent.
+
+    python -m pettingllms_verl.envs.math_grading   # the child (started by AnswerGrader)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+from pettingllms_verl.sandbox.forkserver import recv_frame, send_frame
+
+MAX_ANSWER_CHARS = 200  # longer "answers" are not graded (competition answers are short)
+GRADE_TIMEOUT_S = 5  # math-verify's own parse / verify budget, per call
+_STARTUP_TIMEOUT_S = 120.0  # importing sympy + math-verify in the child
+
+
+class AnswerGrader:
+    """Thread-safe; one child process per grader (started lazily, restarted after a fork or a kill)."""
+
+    def __init__(self, timeout_s: int = GRADE_TIMEOUT_S):
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._conn: socket.socket | None = None
+        self._pid = os.getpid()
+
+    def equivalent(self, gold: str | None, answer: str | None) -> bool:
+        """True when ``answer`` denotes the same value as ``gold`` (LaTeX or plain, without ``\\boxed``)."""
+        if not gold or not answer or len(answer) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
+            return False
+        with self._lock:
+            for attempt in range(2):  # a child that died since the last call is replaced once
+                conn = self._connection()
+                try:
+                    send_frame(conn, (gold, answer))
+                    # parse gold, parse answer, verify: each has its own alarm in the child
+                    conn.settimeout(3 * self.timeout_s + 1)
+                    return bool(recv_frame(conn))
+                except TimeoutError:  # the answer outlasted the alarm: wrong, and the child is stuck
+                    self._stop()
+                    return False
+                except (OSError, EOFError, ValueError):  # the child is gone (or its reply was cut)
+                    self._stop()
+            return False
+
+    def _connection(self) -> socket.socket:
+        if self._pid != os.getpid():  # a forked copy must not share its parent's child
+            self._process, self._conn, self._pid = None, None, os.getpid()
+        if self._process is None or self._process.poll() is not None:
+            self._stop()
+            ours, theirs = socket.socketpair()
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(theirs.fileno()), str(self.timeout_s)],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+            theirs.close()
+            ours.settimeout(_STARTUP_TIMEOUT_S)
+            recv_frame(ours)  # "ready": math-verify imported
+            self._conn = ours
+        return self._conn
+
+    def _stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._process, self._conn = None, None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+_grader = AnswerGrader()
+
+
+def equivalent(gold: str | None, answer: str | None) -> bool:
+    """``AnswerGrader.equivalent`` on this process's shared grader."""
+    return _grader.equivalent(gold, answer)
+
+
+def _serve(conn: socket.socket, timeout_s: int) -> None:
+    import logging
+
+    from math_verify import parse, verify
+
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # a timeout is an outcome here, not news
+
+    def parsed(text: str):
+        return parse(f"\\boxed{{{text}}}", parsing_timeout=timeout_s)
+
+    send_frame(conn, "ready")
+    while True:
+        try:
+            gold, answer = recv_frame(conn)
+        except (ConnectionError, EOFError, OSError):
+            return  # the parent hung up or died
+        try:
+            result = bool(verify(parsed(gold), parsed(answer), timeout_seconds=timeout_s))
+        except BaseException:  # math-verify's own timeout, or anything sympy throws at odd input
+            result = False
+        send_frame(conn, result)
+
+
+if __name__ == "__main__":
+    _serve(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]))

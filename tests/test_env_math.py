@@ -1,0 +1,198 @@
+"""Math: answer grading (math-verify in a child process), rewards, turn flow, clones, data prep."""
+
+import json
+import os
+import pathlib
+import runpy
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pettingllms_verl.data.rows import row_task
+from pettingllms_verl.envs import make
+from pettingllms_verl.envs import math as math_env
+from pettingllms_verl.envs.math_grading import AnswerGrader, equivalent
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TASK = {"problem": "Write 18/24 in lowest terms.", "answer": "\\frac{3}{4}"}
+
+
+def code(body: str) -> str:
+    return f"Here is my program.\n```python\n{body}\n```"
+
+
+@pytest.fixture()
+def env():
+    e = make("math", max_turns=3)
+    e.reset(seed=0, task=TASK)
+    return e
+
+
+# --- grading -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("answer, expected", [
+    ("\\frac{3}{4}", True), ("0.75", True), ("3/4", True), ("\\dfrac{3}{4}", True),
+    ("0.7", False), ("4/3", False), ("", False), ("x" * 500, False),
+])
+def test_answers_are_compared_by_value(answer, expected):
+    assert equivalent("\\frac{3}{4}", answer) is expected
+
+
+def test_every_fixture_answer_is_gradable_and_distinct_answers_are_not_equal():
+    tasks = math_env.fixture_tasks()
+    assert len(tasks) >= 20
+    for task in tasks:
+        assert equivalent(task["answer"], task["answer"]), task  # the gold answer parses
+    assert not equivalent(tasks[0]["answer"], tasks[1]["answer"])
+
+
+def test_grading_works_from_worker_threads():
+    # math-verify's own timeout needs the main thread: inside episodes it is called from threads
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda a: equivalent("1023", a), ["1023", "2^{10}-1", "1024", "1023.0"])) == [True, True, False, True]
+
+
+def test_a_hostile_answer_is_wrong_and_the_grader_recovers():
+    grader = AnswerGrader(timeout_s=1)
+    try:
+        assert grader.equivalent("3", "9^{9^{9^{9}}}") is False
+        assert grader.equivalent("3", "3") is True  # same grader, afterwards
+        os.kill(grader._process.pid, signal.SIGKILL)  # a child that died between calls is replaced
+        assert grader.equivalent("\\frac{1}{2}", "0.5") is True
+    finally:
+        grader.close()
+
+
+# --- episodes --------------------------------------------------------------------------------
+
+def test_tool_and_reasoner_that_agree_on_the_right_answer_end_the_episode(env):
+    tool = env.step("tool", code("from fractions import Fraction\nprint(Fraction(18, 24))"))
+    assert (tool.local_reward, tool.info["tool_status"], env.tool_answer) == (1.0, "ok", "3/4")
+    assert "Fraction(18, 24)" in env.observation("reasoner")[1]["content"]  # the reasoner sees the program
+    reasoner = env.step("reasoner", "Divide by 6: \\boxed{\\frac{3}{4}}")
+    assert (reasoner.local_reward, reasoner.info["agreed"]) == (1.0, True)
+    assert env.done and env.success and env.global_reward == 1.0
+
+
+def test_disagreement_goes_on_and_each_role_sees_the_other_answer(env):
+    env.step("tool", code("print(0.75)"))
+    wrong = env.step("reasoner", "\\boxed{2/3}")
+    assert (wrong.local_reward, wrong.info["agreed"], env.done, env.global_reward) == (0.0, False, False, 0.0)
+    assert "The reasoner answered: 2/3" in env.observation("tool")[1]["content"]
+    assert "Your last answer was \\boxed{2/3}" in env.observation("reasoner")[1]["content"]
+    env.step("tool", code("print(0.75)"))
+    env.step("reasoner", "\\boxed{0.75}")
+    assert env.done and env.success
+
+
+def test_turn_budget_ends_an_episode_without_agreement(env):
+    for _ in range(3):
+        assert not env.done
+        env.step("tool", code("print(1)"))
+        env.step("reasoner", "\\boxed{2}")
+    assert env.done and not env.success
+    assert env.step("reasoner", "\\boxed{3/4}").info == {"ignored": "episode is done"}
+
+
+@pytest.mark.parametrize("reply, reward, status", [
+    ("no code here", math_env.PARSE_PENALTY, "no_code"),
+    (code("raise SystemExit(3)"), math_env.TOOL_FAILURE_PENALTY, "error"),
+    (code("pass"), math_env.TOOL_FAILURE_PENALTY, "no_answer"),
+    (code("while True: pass"), math_env.TOOL_FAILURE_PENALTY, "timeout"),
+    (code("print('work...')\nprint('\\\\boxed{3/4}')\nprint('done')"), 1.0, "ok"),
+    (code("print(0.5)"), 0.0, "ok"),
+])
+def test_tool_rewards(env, reply, reward, status):
+    env.tool_limits = math_env.SandboxLimits(wall_s=1.0, cpu_s=1)
+    result = env.step("tool", reply)
+    assert (result.local_reward, result.info["tool_status"]) == (reward, status)
+    assert result.parse_ok == (status != "no_code")
+
+
+def test_unreadable_reasoner_reply_is_penalised_and_changes_nothing(env):
+    result = env.step("reasoner", "I think it is three quarters")
+    assert (result.local_reward, result.parse_ok, env.reasoner_answer, env.success) == (math_env.PARSE_PENALTY, False, None, False)
+
+
+def test_sa_ends_at_the_first_readable_answer():
+    env = make("math", max_turns=3)
+    env.reset(seed=0, task=TASK)
+    assert env.workflow("sa").turn_order == ("reasoner",)
+    env.step("reasoner", "no box")
+    assert not env.done
+    result = env.step("reasoner", "\\boxed{0.8}")
+    assert env.done and not env.success and result.local_reward == 0.0
+
+
+def test_clones_are_independent(env):
+    env.step("tool", code("print(3/4)"))
+    twin = env.clone()
+    twin.step("reasoner", "\\boxed{3/4}")
+    assert twin.done and twin.success
+    assert not env.done and not env.success and env.reasoner_answer is None and env.turn == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=300), st.sampled_from(["tool", "reasoner"]))
+def test_any_reply_is_a_normal_event(reply, role):
+    env = make("math")
+    env.reset(seed=7)
+    result = env.step(role, reply)
+    assert isinstance(result.local_reward, float)
+
+
+# --- data ------------------------------------------------------------------------------------
+
+def data_prep(*argv):
+    runpy.run_path(str(ROOT / "data_prep" / "math_problems.py"))["main"](list(argv))
+
+
+def test_fixture_splits_are_disjoint_and_rebuild_episodes(tmp_path):
+    data_prep("--train-source", "fixture", "--test-source", "fixture", "--out-dir", str(tmp_path))
+    problems = {}
+    for split in ("train", "test"):
+        rows = pd.read_parquet(tmp_path / f"{split}.parquet")
+        assert len(rows) > 0
+        problems[split] = set()
+        for extra_info in rows["extra_info"]:
+            name, seed, task = row_task(extra_info)
+            env = make(name)
+            env.reset(seed=seed, task=task)
+            assert env.task == task
+            problems[split].add(task["problem"])
+    assert not problems["train"] & problems["test"]
+    assert len(problems["train"]) + len(problems["test"]) == len(math_env.fixture_tasks())
+
+
+def test_file_source_with_its_own_columns_drops_test_problems_from_train(tmp_path):
+    records = [{"q": f"What is {i} + {i}?", "final": [f"${2 * i}$"]} for i in range(6)]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    (tmp_path / "test.jsonl").write_text("\n".join(json.dumps(r) for r in records[:2]))
+    out = tmp_path / "out"
+    data_prep("--train-source", f"file:{tmp_path / 'train.jsonl'}", "--test-source", f"file:{tmp_path / 'test.jsonl'}",
+              "--problem-key", "q", "--answer-key", "final", "--out-dir", str(out))
+    train = [row_task(x)[2] for x in pd.read_parquet(out / "train.parquet")["extra_info"]]
+    test = [row_task(x)[2] for x in pd.read_parquet(out / "test.parquet")["extra_info"]]
+    assert [t["problem"] for t in test] == ["What is 0 + 0?", "What is 1 + 1?"]
+    assert [t["answer"] for t in train] == ["4", "6", "8", "10"]  # list answers unwrapped, $ dropped
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--train-source", "file:/no/such.jsonl", "--test-source", "fixture"], "source file:/no/such.jsonl: no such file"),
+    (["--train-source", "aime2024", "--test-source", "fixture"], "aime_2024.*HF_HUB_OFFLINE.*file:PATH"),
+    (["--train-source", "hub:", "--test-source", "fixture"], "expected file:PATH or hub:NAME"),
+])
+def test_bad_sources_say_which_and_what_to_do(tmp_path, monkeypatch, argv, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit, match=message):
+        data_prep(*argv, "--out-dir", str(tmp_path))
+
+
+def test_a_missing_column_lists_the_columns(tmp_path):
+    (tmp_path / "p.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}))
+    with pytest.raises(SystemExit, match=r"no column 'problem'; it has \['answer', 'question'\]"):
+        data_prep("--train-source", f"file:{tmp_path / 'p.jsonl'}", "--test-source", "fixture", "--out-dir", str(tmp_path / "o"))
