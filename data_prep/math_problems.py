@@ -11,12 +11,9 @@ A train problem whose text also appears in the test set is dropped (the splits s
 """
 
 import argparse
-import os
-import re
 import sys
 
-from pettingllms_verl.data.rows import task_row, write_parquet
-from pettingllms_verl.data.sources import SourceError, column, load_records
+from pettingllms_verl.data.sources import SourceError, column, disjoint_splits, load_records, write_splits
 from pettingllms_verl.envs.math import fixture_tasks
 
 # preset -> (hub source, problem column, answer column)
@@ -43,27 +40,11 @@ def load_tasks(source: str, split: str, problem_key: str, answer_key: str) -> li
         return [t for i, t in enumerate(tasks) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
     if source in PRESETS:
         source, problem_key, answer_key = PRESETS[source]
-    return [
+    tasks = [
         {"problem": str(column(r, problem_key, source)).strip(), "answer": answer_text(column(r, answer_key, source))}
         for r in load_records(source)
     ]
-
-
-def problem_key_of(task: dict) -> str:
-    return re.sub(r"\s+", " ", task["problem"]).strip().lower()
-
-
-def build_splits(train_source: str, test_sources: list[str], train: int | None, test: int | None, keys: tuple[str, str]) -> dict:
-    test_tasks = [task for source in test_sources for task in load_tasks(source, "test", *keys)]
-    test_tasks = list({problem_key_of(t): t for t in test_tasks if t["answer"]}.values())[:test]
-    held_out = {problem_key_of(t) for t in test_tasks}
-    train_tasks = [t for t in load_tasks(train_source, "train", *keys) if t["answer"] and problem_key_of(t) not in held_out]
-    train_tasks = list({problem_key_of(t): t for t in train_tasks}.values())[:train]
-    assert not held_out & {problem_key_of(t) for t in train_tasks}, "train and test share problems"
-    return {
-        split: [task_row("math", i, task, split, i) for i, task in enumerate(tasks)]
-        for split, tasks in (("train", train_tasks), ("test", test_tasks))
-    }
+    return [t for t in tasks if t["answer"]]
 
 
 def main(argv=None) -> None:
@@ -76,17 +57,14 @@ def main(argv=None) -> None:
     parser.add_argument("--problem-key", default="problem", help="problem column of hub:/file: sources")
     parser.add_argument("--answer-key", default="answer", help="gold answer column of hub:/file: sources")
     args = parser.parse_args(argv)
+    keys = (args.problem_key, args.answer_key)
     try:
-        splits = build_splits(
-            args.train_source, args.test_source or ["aime2024", "aime2025"], args.train, args.test, (args.problem_key, args.answer_key)
-        )
+        test_tasks = [t for source in args.test_source or ["aime2024", "aime2025"] for t in load_tasks(source, "test", *keys)]
+        train_tasks = load_tasks(args.train_source, "train", *keys)
+        splits = disjoint_splits("math", train_tasks, test_tasks, args.train, args.test)
     except SourceError as error:
         sys.exit(f"data_prep/math_problems.py: {error}")
-    for split, rows in splits.items():
-        if not rows:
-            sys.exit(f"data_prep/math_problems.py: no {split} problems (check --{split}-source and the key options)")
-        path = os.path.join(args.out_dir, f"{split}.parquet")
-        print(f"wrote {write_parquet(rows, path)} {split} problems to {path}")
+    write_splits(splits, args.out_dir, "data_prep/math_problems.py")
 
 
 if __name__ == "__main__":

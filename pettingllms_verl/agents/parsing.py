@@ -75,6 +75,21 @@ def last_boxed(text: str, max_chars: int = 200) -> str | None:
     return None
 
 
+_IO_TEST_RE = re.compile(r"<input>\n?(.*?)</input>\s*<output>\n?(.*?)</output>", re.DOTALL)
+
+
+def parse_io_tests(text: str, max_tests: int, max_chars: int) -> list[tuple[str, str]]:
+    """Unit tests written as ``<input>stdin</input><output>expected stdout</output>`` pairs, in
+    order; at most ``max_tests``, and a pair with either part over ``max_chars`` is skipped."""
+    tests = []
+    for stdin, stdout in _IO_TEST_RE.findall(strip_think(text)):
+        if len(stdin) <= max_chars and len(stdout) <= max_chars:
+            tests.append((stdin, stdout))
+            if len(tests) >= max_tests:
+                break
+    return tests
+
+
 def int_or_none(token: str) -> int | None:
     """``int(token)`` for a plain decimal of at most ``MAX_DIGITS`` digits, else None."""
     digits = token[1:] if token.startswith("-") else token

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
+
+from pettingllms_verl.data.rows import task_row, write_parquet
 
 
 class SourceError(RuntimeError):
@@ -70,3 +74,31 @@ def column(record: dict, key: str, source: str):
     if key not in record:
         raise SourceError(f"source {source}: no column {key!r}; it has {sorted(record)} (choose one with the data_prep key options)")
     return record[key]
+
+
+def problem_key(task: dict) -> str:
+    """Identity of a problem across sources: its statement, case and whitespace folded."""
+    return re.sub(r"\s+", " ", task["problem"]).strip().lower()
+
+
+def disjoint_splits(env: str, train_tasks: list[dict], test_tasks: list[dict], train: int | None, test: int | None) -> dict[str, list[dict]]:
+    """Parquet rows per split: duplicates dropped, every test problem dropped from train (checked),
+    then at most ``train`` / ``test`` problems kept (None: all)."""
+    test_tasks = list({problem_key(t): t for t in test_tasks}.values())[:test]
+    held_out = {problem_key(t) for t in test_tasks}
+    train_tasks = list({problem_key(t): t for t in train_tasks if problem_key(t) not in held_out}.values())[:train]
+    if held_out & {problem_key(t) for t in train_tasks}:
+        raise SourceError("train and test share problems")
+    return {
+        split: [task_row(env, i, task, split, i) for i, task in enumerate(tasks)]
+        for split, tasks in (("train", train_tasks), ("test", test_tasks))
+    }
+
+
+def write_splits(splits: dict[str, list[dict]], out_dir: str, script: str) -> None:
+    """Write ``<out_dir>/<split>.parquet``; exits with a message naming the split when one is empty."""
+    for split, rows in splits.items():
+        if not rows:
+            sys.exit(f"{script}: no {split} problems (check --{split}-source and the column options)")
+        path = os.path.join(out_dir, f"{split}.parquet")
+        print(f"wrote {write_parquet(rows, path)} {split} problems to {path}")

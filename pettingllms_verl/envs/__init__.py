@@ -15,6 +15,7 @@ _ENVS: dict[str, str] = {
     "tictactoe": "pettingllms_verl.envs.tictactoe:TicTacToeEnv",
     "hanabi": "pettingllms_verl.envs.hanabi:HanabiEnv",
     "math": "pettingllms_verl.envs.math:MathEnv",
+    "code": "pettingllms_verl.envs.code:CodeEnv",
 }
 
 

@@ -1,0 +1,174 @@
+"""Programming problems solved by a team: a tester that writes unit tests and a coder that writes
+a stdin/stdout program (ENVS.md, "Code"; APPS, CodeContests, LiveCodeBench).
+
+Task: ``{"problem": str, "tests": [{"input": str, "output": str}, ...], "solution": str | None}``:
+the ground-truth tests (never shown to either role) and, where the dataset has one, a reference
+solution. Every program runs in the sandbox, one process per test; outputs are compared token by
+token (whitespace-insensitive).
+
+Roles. MAS, each turn: ``tester`` then ``coder`` (tests first, as in test-driven development).
+- tester: ``<input>..</input><output>..</output>`` pairs. Local reward: the fraction of its tests
+  whose expected output is what the reference solution prints for that input (a reference that
+  crashes on the input fails the test too); without a reference solution in the task, the coder's
+  last program stands in once it passes every ground-truth test, and until then the reward is 0.
+  ``PARSE_PENALTY`` for a reply without a test.
+- coder: sees the problem, the tester's tests and, from the second turn on, which of them its last
+  program failed. Local reward: pass rate on the ground-truth tests (all of them, always);
+  ``PARSE_PENALTY`` without a ```python block.
+After the coder's program, it runs on the tester's tests; the MAS episode ends when it passes all
+of them, or after ``max_turns`` turns. SA is the coder alone: the episode ends at its first
+program (one attempt), or after ``max_turns`` replies without one.
+
+Team (global) reward: the ground-truth pass rate of the latest program. Success: it passes all.
+Without a task, ``reset(seed)`` takes problem ``seed % N`` of the small fixture shipped with the package.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, ClassVar, Sequence
+
+from pettingllms_verl.agents import code as prompts
+from pettingllms_verl.agents.parsing import extract_code, parse_io_tests
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+from pettingllms_verl.sandbox import SandboxLimits, run_python
+from pettingllms_verl.sandbox.client import MAX_PARALLEL
+
+PARSE_PENALTY = -0.5
+DEFAULT_MAX_TURNS = 3
+DEFAULT_MAX_TESTS = 5  # tests read from one tester reply
+MAX_TEST_CHARS = 2000  # a tester's input or expected output longer than this is skipped
+# Sandbox limits of one program on one test; override with the env config key "test_limits".
+DEFAULT_TEST_LIMITS = {"wall_s": 4.0, "cpu_s": 2, "memory_mb": 512, "max_output_bytes": 65_536}
+
+# Tests of one program run concurrently; the sandbox server caps how many run at once.
+_runner = ThreadPoolExecutor(max_workers=MAX_PARALLEL, thread_name_prefix="code-tests")
+
+
+@lru_cache(maxsize=1)
+def fixture_tasks() -> tuple[dict, ...]:
+    """The offline problem set shipped with the package (reference solutions, tests from running them)."""
+    text = resources.files("pettingllms_verl.data").joinpath("code_fixture.jsonl").read_text()
+    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    passed: bool
+    status: str  # the sandbox status of the run ("ok", "error", "timeout", ...)
+    stdout: str
+
+
+def same_output(got: str, expected: str) -> bool:
+    return got.split() == expected.split()
+
+
+def run_tests(code: str, tests: Sequence[tuple[str, str]], limits: SandboxLimits) -> list[TestOutcome]:
+    """Run ``code`` once per (stdin, expected stdout) test, in the sandbox, concurrently."""
+
+    def one(test: tuple[str, str]) -> TestOutcome:
+        run = run_python(code, stdin=test[0], limits=limits)
+        return TestOutcome(run.ok and same_output(run.stdout, test[1]), run.status, run.stdout)
+
+    return list(_runner.map(one, tests))
+
+
+class CodeEnv(Env):
+    name: ClassVar[str] = "code"
+    roles: ClassVar[tuple[str, ...]] = ("tester", "coder")
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        self.max_turns = int(config.get("max_turns", DEFAULT_MAX_TURNS))
+        self.max_tests = int(config.get("max_tests", DEFAULT_MAX_TESTS))
+        self.test_limits = SandboxLimits(**{**DEFAULT_TEST_LIMITS, **config.get("test_limits", {})})
+
+    def reset(self, seed: int, task: dict | None = None) -> None:
+        if task is None:
+            tasks = fixture_tasks()
+            task = tasks[seed % len(tasks)]
+        tests = task.get("tests")
+        if not isinstance(task.get("problem"), str) or not tests:
+            raise ValueError(f"code task needs a 'problem' string and a non-empty 'tests' list, got keys {sorted(task)}")
+        self.problem = task["problem"]
+        self.ground_truth = tuple((str(t["input"]), str(t["output"])) for t in tests)
+        self.solution: str | None = task.get("solution") or None
+        self.done = self.success = False
+        self.turn = 0
+        self.code: str | None = None  # the coder's latest program
+        self.pass_rate = 0.0  # its ground-truth pass rate
+        self.tests: tuple[tuple[str, str], ...] = ()  # the tester's latest tests
+        self.mismatches: tuple[dict, ...] = ()  # the tester's tests the latest program failed
+        self.tester_acted = False  # the tester steps first every MAS turn, never in SA
+
+    @property
+    def task(self) -> dict:
+        tests = [{"input": stdin, "output": stdout} for stdin, stdout in self.ground_truth]
+        return {"problem": self.problem, "tests": tests, "solution": self.solution}
+
+    @property
+    def global_reward(self) -> float:
+        return self.pass_rate
+
+    def workflow(self, mode: str) -> Workflow:
+        if mode == "mas":
+            return Workflow(("tester", "coder"), self.max_turns)
+        if mode == "sa":
+            return Workflow(("coder",), self.max_turns)
+        raise ValueError(f"unknown workflow mode {mode!r}; use 'sa' or 'mas'")
+
+    def observation(self, role: str) -> Messages:
+        if role == "tester":
+            return prompts.tester_messages(self.problem, self.max_tests, self.code, self.mismatches)
+        if role == "coder":
+            return prompts.coder_messages(self.problem, self.tests, self.code, self.mismatches)
+        raise ValueError(f"code has no role {role!r}; roles: {self.roles}")
+
+    def step(self, role: str, text: str) -> StepResult:
+        if role not in self.roles:
+            raise ValueError(f"code has no role {role!r}; roles: {self.roles}")
+        if self.done:
+            return StepResult(0.0, True, {"ignored": "episode is done"})
+        return self._tester_step(text) if role == "tester" else self._coder_step(text)
+
+    def _tester_step(self, text: str) -> StepResult:
+        self.tester_acted = True
+        tests = parse_io_tests(text, self.max_tests, MAX_TEST_CHARS)
+        if not tests:
+            return StepResult(PARSE_PENALTY, False, {})
+        self.tests = tuple(tests)
+        reference = self.solution or (self.code if self.success else None)
+        if reference is None:
+            return StepResult(0.0, True, {"tests": len(tests), "reference": "none"})
+        agree = sum(outcome.passed for outcome in run_tests(reference, tests, self.test_limits))
+        return StepResult(agree / len(tests), True, {"tests": len(tests), "agree_with_reference": agree})
+
+    def _coder_step(self, text: str) -> StepResult:
+        code = extract_code(text)
+        self.turn += 1
+        if code is None:
+            self.done = self.turn >= self.max_turns
+            return StepResult(PARSE_PENALTY, False, {})
+        outcomes = run_tests(code, self.ground_truth + self.tests, self.test_limits)
+        truth, own = outcomes[: len(self.ground_truth)], outcomes[len(self.ground_truth) :]
+        self.code = code
+        self.pass_rate = sum(o.passed for o in truth) / len(truth)
+        self.success = all(o.passed for o in truth)
+        self.mismatches = tuple(
+            {"input": stdin, "expected": stdout, "got": o.stdout if o.status == "ok" else f"[{o.status}] {o.stdout}"}
+            for (stdin, stdout), o in zip(self.tests, own)
+            if not o.passed
+        )
+        # MAS: done once the program passes the tester's tests; SA: the first program is final
+        self.done = (bool(self.tests) and not self.mismatches) or not self.tester_acted or self.turn >= self.max_turns
+        return StepResult(self.pass_rate, True, {"passed": sum(o.passed for o in truth), "tester_failed": len(self.mismatches)})
+
+    def clone(self) -> CodeEnv:
+        # every per-episode field is immutable (str, tuples, numbers): a shallow copy is independent
+        twin = object.__new__(CodeEnv)
+        twin.__dict__ = self.__dict__.copy()
+        return twin
