@@ -105,9 +105,16 @@ def test_advantages_are_normalised_within_each_group(mas_run):
                 assert advantages[best] > 0
 
 
-def test_sa_grpo_baseline_runs_three_steps(artifacts):
-    metrics = run_recipe(artifacts, "plan_path_sa_grpo_cpu")
+def test_sa_grpo_baseline_updates_exactly_when_an_episode_group_has_signal(artifacts):
+    dump = artifacts / "sa_batches"
+    metrics = run_recipe(artifacts, "plan_path_sa_grpo_cpu", f"+pettingllms.batch_dump_dir={dump}")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert "mas/plan/reward_mean" in m["data"] and "mas/tool/reward_mean" not in m["data"]
-        assert m["data"]["actor/grad_norm"] > 0
+        returns = defaultdict(set)  # GRPO group (verl's uid, one per problem) -> episode returns
+        for line in open(dump / f"step_{m['step']}.jsonl"):
+            row = json.loads(line)
+            returns[row["key"].split("_")[0]].add(round(row["score"], 6))
+        has_signal = any(len(scores) > 1 for scores in returns.values())
+        # identical returns in every group -> zero advantages -> no update; otherwise a real one
+        assert (m["data"]["actor/grad_norm"] > 0) == has_signal, (m["step"], dict(returns))
