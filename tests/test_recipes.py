@@ -102,7 +102,9 @@ def datasets(artifacts) -> dict[str, Path]:
 
 
 # Scripts that download from the hub, and the offline sources that stand in for it here.
-HUB_STAND_IN = {"data_prep/math_problems.py": ["--train-source", "fixture", "--test-source", "fixture"]}
+HUB_STAND_IN = {
+    script: ["--train-source", "fixture", "--test-source", "fixture"] for script in ("data_prep/math_problems.py", "data_prep/code_problems.py")
+}
 
 
 def _without_sources(argv: list[str]) -> list[str]:
