@@ -1,0 +1,252 @@
+"""Code: sandboxed test runs, tester and coder rewards, turn flow, clones, data prep."""
+
+import base64
+import json
+import pathlib
+import pickle
+import runpy
+import zlib
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pettingllms_verl.agents.parsing import parse_io_tests
+from pettingllms_verl.data.rows import row_task
+from pettingllms_verl.envs import code as code_env
+from pettingllms_verl.envs import make
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SUM = "a, b = map(int, input().split())\nprint(a + b)"
+TASK = {
+    "problem": "Read two integers a and b and print a + b.",
+    "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}, {"input": "-3 1\n", "output": "-2\n"}],
+    "solution": SUM,
+}
+FAST = code_env.SandboxLimits(wall_s=2.0, cpu_s=1, memory_mb=256, max_output_bytes=4096)
+
+
+def program(body: str) -> str:
+    return f"My solution:\n```python\n{body}\n```"
+
+
+def io_reply(*pairs: tuple[str, str]) -> str:
+    return "Tests:\n" + "\n".join(f"<input>\n{i}</input>\n<output>\n{o}</output>" for i, o in pairs)
+
+
+def new_env(task=TASK, **config):
+    env = make("code", max_turns=3, **config)
+    env.reset(seed=0, task=task)
+    env.test_limits = FAST
+    return env
+
+
+# --- running programs ------------------------------------------------------------------------
+
+def test_every_fixture_solution_passes_its_tests_and_a_wrong_program_does_not():
+    tasks = code_env.fixture_tasks()
+    assert len(tasks) >= 12
+    for task in tasks:
+        cases = [(t["input"], t["output"]) for t in task["tests"]]
+        assert all(o.passed for o in code_env.run_tests(task["solution"], cases, FAST)), task["problem"]
+    first = [(t["input"], t["output"]) for t in tasks[0]["tests"]]
+    assert not all(o.passed for o in code_env.run_tests("print(0)", first, FAST))
+
+
+def test_outputs_compare_token_by_token():
+    assert code_env.same_output("3 4\n", "3  4")
+    assert code_env.same_output("1\n2\n", "1 2")
+    assert not code_env.same_output("34", "3 4")
+
+
+@pytest.mark.parametrize("body, status", [
+    ("while True: pass", "timeout"),
+    ("raise ValueError('no')", "error"),
+    ("print('x' * 10**6)", "output_too_large"),
+    ("import os\nos.kill(os.getpid(), 9)", "killed"),
+])
+def test_hostile_programs_fail_their_tests_and_say_why(body, status):
+    [outcome] = code_env.run_tests(body, [("1 2\n", "3\n")], code_env.SandboxLimits(wall_s=1.0, cpu_s=1, max_output_bytes=4096))
+    assert (outcome.passed, outcome.status) == (False, status)
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+def test_io_tests_are_read_in_order_capped_and_oversized_ones_skipped():
+    text = io_reply(("1 2\n", "3\n"), ("x" * 50, "y\n"), ("4 4\n", "8\n"), ("0 0\n", "0\n"))
+    assert parse_io_tests(text, max_tests=2, max_chars=20) == [("1 2\n", "3\n"), ("4 4\n", "8\n")]
+    assert parse_io_tests("<input>1</input> and no output", 5, 100) == []
+
+
+# --- episodes --------------------------------------------------------------------------------
+
+def test_tester_reward_is_agreement_with_the_reference_solution():
+    env = new_env()
+    right, wrong = ("2 2\n", "4\n"), ("2 2\n", "5\n")
+    assert env.step("tester", io_reply(right, ("7 -7\n", "0\n"))).local_reward == 1.0
+    assert env.step("tester", io_reply(right, wrong)).local_reward == 0.5
+    result = env.step("tester", "I would test small numbers.")
+    assert (result.local_reward, result.parse_ok) == (code_env.PARSE_PENALTY, False)
+    assert env.tests == (right, wrong)  # an unreadable reply keeps the last tests
+
+
+def test_coder_reward_is_the_ground_truth_pass_rate_and_mismatches_reach_both_roles():
+    env = new_env()
+    env.step("tester", io_reply(("2 2\n", "4\n")))
+    assert "<input>\n2 2\n</input>" in env.observation("coder")[1]["content"]  # the coder sees the tests
+    result = env.step("coder", program("a, b = map(int, input().split())\nprint(abs(a + b))"))
+    assert result.local_reward == pytest.approx(2 / 3)  # -3 1 -> 2, not -2
+    assert (env.global_reward, env.success, env.done) == (pytest.approx(2 / 3), False, True)  # passed the tester's test
+
+
+def test_failing_the_testers_tests_goes_on_and_shows_what_went_wrong():
+    env = new_env()
+    env.step("tester", io_reply(("2 2\n", "4\n")))
+    env.step("coder", program("print(5)"))
+    assert not env.done and env.mismatches == ({"input": "2 2\n", "expected": "4\n", "got": "5\n"},)
+    for role in ("tester", "coder"):
+        content = env.observation(role)[1]["content"]
+        assert "print(5)" in content and "failed 1 of the tester's tests" in content and "'5\\n'" in content
+    env.step("tester", io_reply(("2 2\n", "4\n")))
+    env.step("coder", program(SUM))
+    assert env.done and env.success and env.global_reward == 1.0
+
+
+def test_turn_budget_ends_an_episode():
+    env = new_env()
+    for _ in range(3):
+        assert not env.done
+        env.step("tester", io_reply(("1 1\n", "2\n")))
+        env.step("coder", "I am not sure.")
+    assert env.done and not env.success and env.global_reward == 0.0
+    assert env.step("coder", program(SUM)).info == {"ignored": "episode is done"}
+
+
+def test_without_a_reference_the_coders_verified_program_stands_in():
+    env = new_env(task={**TASK, "solution": None})
+    wrong = ("1 1\n", "3\n")
+    assert env.step("tester", io_reply(wrong)).local_reward == 0.0  # nothing to agree with yet
+    env.step("coder", program("print(4)"))  # fails the ground truth: no reference
+    assert env.step("tester", io_reply(wrong)).local_reward == 0.0
+    env.step("coder", program(SUM))  # passes the ground truth, fails the tester's wrong test
+    assert env.success and not env.done
+    assert env.step("tester", io_reply(("2 2\n", "4\n"), wrong)).local_reward == 0.5
+
+
+def test_sa_is_the_coder_alone_and_its_first_program_is_final():
+    env = new_env()
+    assert env.workflow("sa").turn_order == ("coder",)
+    assert "tester" not in env.observation("coder")[1]["content"].split("Problem:")[1]
+    env.step("coder", "Let me think.")
+    assert not env.done
+    result = env.step("coder", program("print(3)"))
+    assert env.done and not env.success and result.local_reward == pytest.approx(1 / 3)
+
+
+def test_clones_are_independent():
+    env = new_env()
+    env.step("tester", io_reply(("2 2\n", "4\n")))
+    twin = env.clone()
+    twin.step("coder", program(SUM))
+    assert twin.done and twin.success
+    assert not env.done and not env.success and env.code is None and env.turn == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.text(max_size=300), st.sampled_from(["tester", "coder"]))
+def test_any_reply_is_a_normal_event(reply, role):
+    env = new_env()
+    result = env.step(role, reply)
+    assert isinstance(result.local_reward, float) and -1.0 <= result.local_reward <= 1.0
+
+
+def test_a_task_without_tests_is_refused():
+    with pytest.raises(ValueError, match="non-empty 'tests'"):
+        make("code").reset(seed=0, task={"problem": "p", "tests": []})
+
+
+# --- data ------------------------------------------------------------------------------------
+
+def data_prep(*argv):
+    runpy.run_path(str(ROOT / "data_prep" / "code_problems.py"))["main"](list(argv))
+
+
+def converters():
+    return runpy.run_path(str(ROOT / "data_prep" / "code_problems.py"))
+
+
+def test_fixture_splits_are_disjoint_and_rebuild_episodes(tmp_path):
+    data_prep("--train-source", "fixture", "--test-source", "fixture", "--out-dir", str(tmp_path))
+    problems = {}
+    for split in ("train", "test"):
+        rows = pd.read_parquet(tmp_path / f"{split}.parquet")
+        problems[split] = set()
+        for extra_info in rows["extra_info"]:
+            name, seed, task = row_task(extra_info)
+            env = make(name)
+            env.reset(seed=seed, task=task)
+            assert env.task == task
+            problems[split].add(task["problem"])
+    assert problems["train"] and problems["test"] and not problems["train"] & problems["test"]
+    assert len(problems["train"]) + len(problems["test"]) == len(code_env.fixture_tasks())
+
+
+def test_file_source_caps_train_tests_only_and_drops_test_problems_from_train(tmp_path):
+    records = [{"problem": f"Print {i}.", "tests": json.dumps([{"input": "", "output": f"{i}\n"}] * 5)} for i in range(4)]
+    (tmp_path / "all.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    (tmp_path / "test.jsonl").write_text(json.dumps(records[0]))
+    data_prep("--train-source", f"file:{tmp_path / 'all.jsonl'}", "--test-source", f"file:{tmp_path / 'test.jsonl'}",
+              "--max-train-tests", "2", "--out-dir", str(tmp_path / "out"))
+    train = [row_task(x)[2] for x in pd.read_parquet(tmp_path / "out" / "train.parquet")["extra_info"]]
+    test = [row_task(x)[2] for x in pd.read_parquet(tmp_path / "out" / "test.parquet")["extra_info"]]
+    assert [t["problem"] for t in train] == ["Print 1.", "Print 2.", "Print 3."]
+    assert all(len(t["tests"]) == 2 for t in train) and len(test[0]["tests"]) == 5
+
+
+def test_apps_rows_keep_stdin_problems_only():
+    from_apps = converters()["from_apps"]
+    stdin = {"question": "Q", "solutions": json.dumps(["print(1)"]), "input_output": json.dumps({"inputs": ["\n"], "outputs": ["1\n"]})}
+    assert from_apps(stdin) == {"problem": "Q", "tests": [{"input": "\n", "output": "1\n"}], "solution": "print(1)"}
+    call = {**stdin, "input_output": json.dumps({"fn_name": "f", "inputs": [[1]], "outputs": [[2]]})}
+    assert from_apps(call) is None
+
+
+def test_code_contests_rows_join_every_test_kind_and_take_a_python3_solution():
+    row = {"description": "D", "solutions": {"language": [2, 3], "solution": ["int main(){}", "print(2)"]}}
+    for i, kind in enumerate(("public_tests", "private_tests", "generated_tests")):
+        row[kind] = {"input": [f"{i}\n"], "output": [f"{i}\n"]}
+    task = converters()["from_code_contests"](row)
+    assert task["solution"] == "print(2)" and [t["input"] for t in task["tests"]] == ["0\n", "1\n", "2\n"]
+
+
+def _lcb_blob(obj) -> str:
+    return base64.b64encode(zlib.compress(pickle.dumps(obj))).decode()
+
+
+def test_livecodebench_private_tests_unpack_and_a_pickle_naming_code_is_refused():
+    from_lcb = converters()["from_livecodebench"]
+    public = json.dumps([{"input": "1\n", "output": "1\n", "testtype": "stdin"}])
+    row = {"question_content": "Q", "public_test_cases": public,
+           "private_test_cases": _lcb_blob(json.dumps([{"input": "2\n", "output": "2\n", "testtype": "stdin"}]))}
+    assert [t["input"] for t in from_lcb(row)["tests"]] == ["1\n", "2\n"]
+    functional = {**row, "public_test_cases": json.dumps([{"input": "1", "output": "1", "testtype": "functional"}])}
+    assert from_lcb(functional) is None
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
+        from_lcb({**row, "private_test_cases": _lcb_blob(pathlib.PurePosixPath("/etc"))})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--train-source", "file:/no/such.jsonl", "--test-source", "fixture"], "source file:/no/such.jsonl: no such file"),
+    (["--train-source", "apps-train", "--test-source", "fixture"], "codeparrot/apps.*HF_HUB_OFFLINE.*file:PATH"),
+])
+def test_bad_sources_say_which_and_what_to_do(tmp_path, monkeypatch, argv, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit, match=message):
+        data_prep(*argv, "--out-dir", str(tmp_path))
+
+
+def test_a_tests_column_of_the_wrong_shape_is_named(tmp_path):
+    (tmp_path / "p.jsonl").write_text(json.dumps({"problem": "p", "tests": "[1, 2]"}))
+    with pytest.raises(SystemExit, match="column 'tests' must be a list"):
+        data_prep("--train-source", f"file:{tmp_path / 'p.jsonl'}", "--test-source", "fixture", "--out-dir", str(tmp_path / "o"))
