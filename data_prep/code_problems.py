@@ -19,10 +19,9 @@ import base64
 import io
 import json
 import pickle
-import sys
 import zlib
 
-from pettingllms_verl.data.sources import SourceError, column, disjoint_splits, load_records, write_splits
+from pettingllms_verl.data.sources import SourceError, add_split_arguments, column, load_records, prepare_splits
 from pettingllms_verl.envs.code import fixture_tasks
 
 FIXTURE_TEST_EVERY = 4  # fixture problems 0, 4, 8, ... are its test part
@@ -97,38 +96,28 @@ def presets(lcb_version: str) -> dict:
     }
 
 
-def load_tasks(source: str, split: str, lcb_version: str) -> list[dict]:
-    """``{"problem", "tests", "solution"}`` dicts of one source; problems without a test dropped."""
+def load_tasks(source: str, split: str, lcb_version: str, max_train_tests: int) -> list[dict]:
+    """``{"problem", "tests", "solution"}`` dicts of one source; problems without a test dropped,
+    training problems cut to ``max_train_tests`` tests."""
     if source == "fixture":
-        return [dict(t) for i, t in enumerate(fixture_tasks()) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
-    known = presets(lcb_version)
-    if source in known:
-        source, convert = known[source]
+        tasks = [dict(t) for i, t in enumerate(fixture_tasks()) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
+    elif source in presets(lcb_version):
+        source, convert = presets(lcb_version)[source]
         tasks = [convert(row) for row in load_records(source)]
     else:
         tasks = [from_columns(row, source) for row in load_records(source)]
-    return [t for t in tasks if t is not None and t["tests"] and str(t["problem"]).strip()]
+    tasks = [t for t in tasks if t is not None and t["tests"] and str(t["problem"]).strip()]
+    return tasks if split == "test" else [{**t, "tests": t["tests"][:max_train_tests]} for t in tasks]
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", default="data/code", help="directory for train.parquet and test.parquet")
-    parser.add_argument("--train-source", default="code_contests-train", help="where training problems come from (see above)")
-    parser.add_argument("--test-source", action="append", help="where test problems come from; repeat to concatenate (default: livecodebench)")
-    parser.add_argument("--train", type=int, default=None, help="at most this many training problems (default: all)")
-    parser.add_argument("--test", type=int, default=None, help="at most this many test problems (default: all)")
+    add_split_arguments(parser, "data/code", "code_contests-train", ["livecodebench"])
     parser.add_argument("--max-train-tests", type=int, default=20, help="ground-truth tests kept per training problem (test problems keep all)")
     parser.add_argument("--lcb-version", default="release_v5", help="LiveCodeBench release (its dataset config name)")
     args = parser.parse_args(argv)
-    try:
-        test_tasks = [t for source in args.test_source or ["livecodebench"] for t in load_tasks(source, "test", args.lcb_version)]
-        train_tasks = load_tasks(args.train_source, "train", args.lcb_version)
-        for task in train_tasks:
-            task["tests"] = task["tests"][: args.max_train_tests]
-        splits = disjoint_splits("code", train_tasks, test_tasks, args.train, args.test)
-    except SourceError as error:
-        sys.exit(f"data_prep/code_problems.py: {error}")
-    write_splits(splits, args.out_dir, "data_prep/code_problems.py")
+    prepare_splits("data_prep/code_problems.py", "code", args,
+                   lambda source, split: load_tasks(source, split, args.lcb_version, args.max_train_tests))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,8 @@ A train problem whose text also appears in the test set is dropped (the splits s
 """
 
 import argparse
-import sys
 
-from pettingllms_verl.data.sources import SourceError, column, disjoint_splits, load_records, write_splits
+from pettingllms_verl.data.sources import add_split_arguments, column, load_records, prepare_splits
 from pettingllms_verl.envs.math import fixture_tasks
 
 # preset -> (hub source, problem column, answer column)
@@ -49,22 +48,12 @@ def load_tasks(source: str, split: str, problem_key: str, answer_key: str) -> li
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", default="data/math", help="directory for train.parquet and test.parquet")
-    parser.add_argument("--train-source", default="deepscaler", help="where training problems come from (see above)")
-    parser.add_argument("--test-source", action="append", help="where test problems come from; repeat to concatenate (default: aime2024, aime2025)")
-    parser.add_argument("--train", type=int, default=None, help="at most this many training problems (default: all)")
-    parser.add_argument("--test", type=int, default=None, help="at most this many test problems (default: all)")
+    add_split_arguments(parser, "data/math", "deepscaler", ["aime2024", "aime2025"])
     parser.add_argument("--problem-key", default="problem", help="problem column of hub:/file: sources")
     parser.add_argument("--answer-key", default="answer", help="gold answer column of hub:/file: sources")
     args = parser.parse_args(argv)
-    keys = (args.problem_key, args.answer_key)
-    try:
-        test_tasks = [t for source in args.test_source or ["aime2024", "aime2025"] for t in load_tasks(source, "test", *keys)]
-        train_tasks = load_tasks(args.train_source, "train", *keys)
-        splits = disjoint_splits("math", train_tasks, test_tasks, args.train, args.test)
-    except SourceError as error:
-        sys.exit(f"data_prep/math_problems.py: {error}")
-    write_splits(splits, args.out_dir, "data_prep/math_problems.py")
+    prepare_splits("data_prep/math_problems.py", "math", args,
+                   lambda source, split: load_tasks(source, split, args.problem_key, args.answer_key))
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ Source strings (data_prep ``--*-source`` options):
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import sys
+from typing import Callable
 
 from pettingllms_verl.data.rows import task_row, write_parquet
 
@@ -102,3 +104,24 @@ def write_splits(splits: dict[str, list[dict]], out_dir: str, script: str) -> No
             sys.exit(f"{script}: no {split} problems (check --{split}-source and the column options)")
         path = os.path.join(out_dir, f"{split}.parquet")
         print(f"wrote {write_parquet(rows, path)} {split} problems to {path}")
+
+
+def add_split_arguments(parser: argparse.ArgumentParser, out_dir: str, train_source: str, test_sources: list[str]) -> None:
+    """The options every problem-set script shares (sources, sizes, output directory)."""
+    parser.add_argument("--out-dir", default=out_dir, help="directory for train.parquet and test.parquet")
+    parser.add_argument("--train-source", default=train_source, help="where training problems come from (see above)")
+    parser.add_argument("--test-source", action="append", help=f"where test problems come from; repeat to concatenate (default: {', '.join(test_sources)})")
+    parser.add_argument("--train", type=int, default=None, help="at most this many training problems (default: all)")
+    parser.add_argument("--test", type=int, default=None, help="at most this many test problems (default: all)")
+    parser.set_defaults(default_test_sources=test_sources)
+
+
+def prepare_splits(script: str, env: str, args: argparse.Namespace, load: Callable[[str, str], list[dict]]) -> None:
+    """Load the sources of ``add_split_arguments`` with ``load(source, split)``, make train and test
+    disjoint and write them; a SourceError exits with a message that names the script."""
+    try:
+        test_tasks = [t for source in args.test_source or args.default_test_sources for t in load(source, "test")]
+        splits = disjoint_splits(env, load(args.train_source, "train"), test_tasks, args.train, args.test)
+    except SourceError as error:
+        sys.exit(f"{script}: {error}")
+    write_splits(splits, args.out_dir, script)
