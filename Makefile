@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE ?= 1
 # verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
 export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 
-.PHONY: install model data model-plan-path data-plan-path plan-path quickstart test test-fast test-gpu bench clean
+.PHONY: install model data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -40,9 +40,14 @@ $(ARTIFACTS)/data/quickstart/train.parquet: | $(VENV)/.installed
 model: $(ARTIFACTS)/tiny_model/config.json
 data: $(ARTIFACTS)/data/quickstart/train.parquet
 
-# Plan-Path on CPU: a tiny model warm-started on well-formed replies, and 6x6 grids.
-$(ARTIFACTS)/tiny_model_plan_path/config.json: | $(VENV)/.installed
-	$(PY) -m pettingllms_verl.models.tiny --out $(ARTIFACTS)/tiny_model_plan_path --warm-start plan_path
+# Tiny models warm-started on well-formed replies of one env (make model-plan-path, model-math, model-code).
+$(ARTIFACTS)/tiny_model_%/config.json: | $(VENV)/.installed
+	$(PY) -m pettingllms_verl.models.tiny --out $(ARTIFACTS)/tiny_model_$* --warm-start $*
+
+model-math: $(ARTIFACTS)/tiny_model_math/config.json
+model-code: $(ARTIFACTS)/tiny_model_code/config.json
+
+# Plan-Path on CPU: the warm-started tiny model and 6x6 grids.
 
 $(ARTIFACTS)/data/plan_path_6x6/train.parquet: | $(VENV)/.installed
 	$(PY) data_prep/plan_path.py --size 6 --train 256 --test 32 --out-dir $(ARTIFACTS)/data/plan_path_6x6
@@ -50,10 +55,25 @@ $(ARTIFACTS)/data/plan_path_6x6/train.parquet: | $(VENV)/.installed
 model-plan-path: $(ARTIFACTS)/tiny_model_plan_path/config.json
 data-plan-path: $(ARTIFACTS)/data/plan_path_6x6/train.parquet
 
-# AT-GRPO, tool + plan agents, tree sampling (RECIPE=plan_path_sa_grpo_cpu for the SA baseline)
-RECIPE ?= plan_path_mas_atgrpo_cpu
-plan-path: model-plan-path data-plan-path
-	$(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name $(RECIPE)
+# Math and code on CPU: the shipped problem sets (make data-math, data-code).
+$(ARTIFACTS)/data/%_fixture/train.parquet: | $(VENV)/.installed
+	$(PY) data_prep/$*_problems.py --train-source fixture --test-source fixture --out-dir $(ARTIFACTS)/data/$*_fixture
+
+data-math: $(ARTIFACTS)/data/math_fixture/train.parquet
+data-code: $(ARTIFACTS)/data/code_fixture/train.parquet
+
+# CPU runs of a multi-agent recipe: MAS AT-GRPO with a K=4 tree by default; RECIPE=<env>_sa_grpo_cpu
+# for the single-agent GRPO baseline.
+run_recipe = $(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name $(or $(RECIPE),$(1))
+
+plan-path: model-plan-path data-plan-path  # tool + plan agents
+	$(call run_recipe,plan_path_mas_atgrpo_cpu)
+
+math: model-math data-math  # tool agent + reasoner
+	$(call run_recipe,math_mas_atgrpo_cpu)
+
+code: model-code data-code  # tester + coder
+	$(call run_recipe,code_mas_atgrpo_cpu)
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count.

@@ -113,17 +113,51 @@ def _random_moves(rng: random.Random) -> str:
     return " ".join(rng.choice("UDLR") for _ in range(rng.randint(1, 4)))
 
 
-# Well-formed replies with random content, per role of each environment that supports warm starts.
+def _python(body: str) -> str:
+    return f"```python\n{body}\n```"
+
+
+# Short stdin programs, each right for some problems of the code fixture and wrong for the others.
+_STDIN_PROGRAMS = (
+    "print(input())",
+    "print(input()[::-1])",
+    "print(len(input()))",
+    "print(sum(map(int, input().split())))",
+    "a, b = map(int, input().split())\nprint(a * b)",
+    "print(max(map(int, input().split())))",
+)
+
+
+def _io_test(rng: random.Random) -> str:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    return f"<input>\n{a} {b}\n</input>\n<output>\n{rng.choice([a + b, a * b, max(a, b)])}\n</output>"
+
+
+# Well-formed replies with random content, per role of each environment that supports warm starts:
+# the policy starts out parsing, and which replies score is left to RL.
 WARM_REPLIES = {
     "plan_path": {
         "plan": lambda rng: f"<answer>{_random_moves(rng)}</answer>",
-        "tool": lambda rng: f"```python\nprint('{_random_moves(rng)}')\n```",
+        "tool": lambda rng: _python(f"print('{_random_moves(rng)}')"),
+    },
+    "math": {
+        "tool": lambda rng: _python(f"print({rng.randint(1, 60)} * {rng.randint(1, 9)})"),
+        "reasoner": lambda rng: f"\\boxed{{{rng.randint(0, 120)}}}",
+    },
+    "code": {
+        "tester": _io_test,
+        "coder": lambda rng: _python(rng.choice(_STDIN_PROGRAMS)),
     },
 }
 
 
-def warm_start(out_dir: str, env_name: str, seed: int = 0, steps: int = 150, batch_size: int = 8, lr: float = 3e-3) -> None:
-    """Supervised fine-tuning of the model in ``out_dir`` (in place) on ``WARM_REPLIES[env_name]``."""
+# Optimiser steps per env: a code fence around a program takes longer to learn than a move list.
+WARM_STEPS = {"plan_path": 150, "math": 400, "code": 400}
+
+
+def warm_start(out_dir: str, env_name: str, seed: int = 0, steps: int | None = None, batch_size: int = 8, lr: float = 3e-3) -> None:
+    """Supervised fine-tuning of the model in ``out_dir`` (in place) on ``WARM_REPLIES[env_name]``,
+    for ``steps`` optimiser steps (default ``WARM_STEPS[env_name]``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -131,17 +165,26 @@ def warm_start(out_dir: str, env_name: str, seed: int = 0, steps: int = 150, bat
 
     if env_name not in WARM_REPLIES:
         raise ValueError(f"--warm-start: no reply format for {env_name!r}; known: {sorted(WARM_REPLIES)}")
+    steps = steps or WARM_STEPS[env_name]
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     env = envs.make(env_name)
-    examples = []  # (prompt ids, reply ids)
+    replies = WARM_REPLIES[env_name]
+    examples = []  # (prompt ids, reply maker)
     for episode in range(64):
+        # SA and MAS episodes played out with the warm replies themselves, so that later prompts
+        # carry the other roles' replies and results, as they do in a real episode
+        workflow = env.workflow(("sa", "mas")[episode % 2])
         env.reset(seed=10_000_000 + seed * 1000 + episode)  # outside every data_prep split's seed range
-        for role, reply in WARM_REPLIES[env_name].items():
-            prompt = tokenizer.apply_chat_template(env.observation(role), add_generation_prompt=True, tokenize=True, return_dict=False)
-            examples.append((list(prompt), reply))
+        for _ in range(workflow.max_turns):
+            for role in workflow.turn_order:
+                if env.done:
+                    break
+                prompt = tokenizer.apply_chat_template(env.observation(role), add_generation_prompt=True, tokenize=True, return_dict=False)
+                examples.append((list(prompt), replies[role]))
+                env.step(role, replies[role](rng))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):
