@@ -1,5 +1,6 @@
 """AT-GRPO end to end through `python -m verl.trainer.main_ppo` on CPU: Plan-Path MAS with tree
-sampling (and the SA GRPO baseline), checked on what actually reached the training batch."""
+sampling (and the SA GRPO baseline), the math and code teams, checked on what actually reached the
+training batch."""
 
 import json
 import os
@@ -26,6 +27,10 @@ def artifacts(tmp_path_factory):
     for split, rows in splits.items():
         write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
     return root
+
+
+def dumped_rows(dump) -> list[dict]:
+    return [json.loads(line) for name in sorted(os.listdir(dump)) for line in open(dump / name)]
 
 
 def run_recipe(artifacts, recipe, *overrides):
@@ -118,3 +123,60 @@ def test_sa_grpo_baseline_updates_exactly_when_an_episode_group_has_signal(artif
         has_signal = any(len(scores) > 1 for scores in returns.values())
         # identical returns in every group -> zero advantages -> no update; otherwise a real one
         assert (m["data"]["actor/grad_norm"] > 0) == has_signal, (m["step"], dict(returns))
+
+
+@pytest.fixture(scope="module")
+def team_artifacts(artifacts):
+    """Warm-started tiny models for math and code; math's shipped problems; for code, problems that
+    one of the warm-start programs (``print(input())``) solves, so a passing program is likely."""
+    from pettingllms_verl.data.sources import disjoint_splits, write_splits
+    from pettingllms_verl.envs.math import fixture_tasks
+    from pettingllms_verl.models.tiny import build, warm_start
+
+    for env in ("math", "code"):
+        warm_start(build(str(artifacts / f"tiny_model_{env}"), seed=0), env, seed=0)
+    math_tasks = list(fixture_tasks())
+    write_splits(disjoint_splits("math", math_tasks[4:], math_tasks[:4], None, None), str(artifacts / "data" / "math_fixture"), "team_artifacts")
+    words = ["apple", "river stone", "42", "a b c", "hello world", "x", "tic tac", "7 8 9", "moon", "blue sky"]
+    echo = [{"problem": f"Read one line and print it unchanged (set {i}).", "solution": "print(input())",
+             "tests": [{"input": f"{w}\n", "output": f"{w}\n"} for w in words[i : i + 3]]} for i in range(8)]
+    write_splits(disjoint_splits("code", echo[2:], echo[:2], None, None), str(artifacts / "data" / "code_fixture"), "team_artifacts")
+    return artifacts
+
+
+def _by_role(rows: list[dict]) -> dict[str, list[dict]]:
+    roles = defaultdict(list)
+    for row in rows:
+        roles[row["mas_role"]].append(row)
+    return roles
+
+
+def test_code_team_programs_run_in_the_sandbox_inside_ray_and_their_pass_rates_reach_the_batch(team_artifacts):
+    from pettingllms_verl.envs.code import PARSE_PENALTY
+
+    dump = team_artifacts / "code_batches"
+    metrics = run_recipe(team_artifacts, "code_mas_atgrpo_cpu", f"+pettingllms.batch_dump_dir={dump}")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    roles = _by_role(dumped_rows(dump))
+    assert set(roles) == {"tester", "coder"}
+    for row in roles["tester"] + roles["coder"]:
+        reward = row["mas_local_reward"]
+        assert reward == PARSE_PENALTY if not row["mas_parse_ok"] else 0.0 <= reward <= 1.0
+    assert sum(r["mas_parse_ok"] for r in roles["coder"]) > len(roles["coder"]) / 2  # the warm start holds in the rollout
+    # a pass rate above 0: a program ran in the sandbox of a Ray worker and passed a ground-truth test
+    assert any(r["mas_local_reward"] > 0 for r in roles["coder"])
+
+
+def test_math_team_programs_and_answers_are_graded_inside_ray(team_artifacts):
+    from pettingllms_verl.envs.math import PARSE_PENALTY, TOOL_FAILURE_PENALTY
+
+    dump = team_artifacts / "math_batches"
+    metrics = run_recipe(team_artifacts, "math_mas_atgrpo_cpu", f"+pettingllms.batch_dump_dir={dump}")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    roles = _by_role(dumped_rows(dump))
+    assert set(roles) == {"tool", "reasoner"}
+    assert {r["mas_local_reward"] for r in roles["tool"]} <= {1.0, 0.0, TOOL_FAILURE_PENALTY, PARSE_PENALTY}
+    assert {r["mas_local_reward"] for r in roles["reasoner"]} <= {1.0, 0.0, PARSE_PENALTY}
+    # 0 or 1: the tool's program ran, printed an answer and math-verify (a child process) judged it
+    assert any(r["mas_local_reward"] in (0.0, 1.0) for r in roles["tool"])
+    assert any(r["mas_local_reward"] in (0.0, 1.0) for r in roles["reasoner"])
