@@ -164,7 +164,8 @@ def test_forked_grandchild_does_not_survive(escape_group, parent_then, expected_
 
 def test_parent_environment_is_not_visible():
     assert os.environ["PETTINGLLMS_TEST_FAKE_SECRET"] == FAKE_SECRET
-    res = run_python("import os; print(sorted(os.environ)); print(open('/proc/self/environ').read())")
+    # the process's own environment block too, where /proc is visible (the private root has none)
+    res = run_python("import os; print(sorted(os.environ)); print(os.path.exists('/proc/self') and open('/proc/self/environ').read())")
     assert res.ok
     assert FAKE_SECRET not in res.stdout
     assert "HF_HUB_OFFLINE" not in res.stdout  # set by conftest in this process
@@ -204,6 +205,22 @@ def test_network_is_unreachable():
     assert "connected" not in res.stdout
     assert "Network is unreachable" in res.stderr
     assert client.isolation()["network"]
+
+
+def test_only_the_interpreter_and_its_libraries_are_readable(tmp_path):
+    if not client.isolation()["filesystem"]:
+        pytest.skip("no mount namespace: the OS refused it (not root, or no CAP_SYS_ADMIN)")
+    secret = tmp_path / "credentials.txt"  # like a dataset, a checkpoint or a token: the trainer's files
+    secret.write_text(FAKE_SECRET)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(secret, 0o644)  # world-readable: only the private root keeps it out of reach
+    res = run_python(f"print(open({str(secret)!r}).read())")
+    assert res.status == "error" and "FileNotFoundError" in res.stderr and FAKE_SECRET not in res.stdout
+    res = run_python("import json, os, fractions, numpy; open(os.devnull, 'w').write('x'); print(numpy.arange(4).sum())")
+    assert (res.status, res.stdout) == ("ok", "6\n"), res.stderr  # stdlib, site-packages and /dev/null still work
+    res = run_python(f"open({os.path.join(os.path.dirname(os.__file__), 'pwned.py')!r}, 'w')")
+    assert res.status == "error" and ("Read-only file system" in res.stderr or "Permission denied" in res.stderr)
+    assert not client.isolation()["keep_read"]  # parents on the private root are traversable: no read-any-file capability
 
 
 def test_cannot_signal_the_caller():

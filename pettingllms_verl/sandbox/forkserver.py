@@ -20,9 +20,14 @@ where the OS refuses):
 - ``drop_uid``: each run gets its own unprivileged uid from a per-server pool, so it cannot
   signal the trainer or other runs, write root-owned files, or escape ``kill_all`` by calling
   ``setsid``; RLIMIT_NPROC then bounds fork bombs per run.
-- ``keep_read``: set when an unprivileged uid cannot read the interpreter's files (e.g. Python
-  installed under a 0700 /root); the run then keeps CAP_DAC_READ_SEARCH (read any file, never
-  write) so that ``import`` works.
+- ``filesystem``: the server enters a new mount namespace and chroots into a tmpfs that holds
+  only read-only bind mounts of the interpreter's trees (prefixes, stdlib, site-packages), the
+  system's shared libraries, four harmless devices and the runs' ``/tmp`` (no ``/proc``, no
+  ``/etc``). Datasets, checkpoints, home directories and credentials are not there to read. Parent directories on the tmpfs are
+  world-traversable, so an interpreter under a 0700 /root is importable without privilege.
+- ``keep_read``: set when an unprivileged uid still cannot read the interpreter's files (no
+  ``filesystem`` isolation and Python under a 0700 /root); the run then keeps
+  CAP_DAC_READ_SEARCH (read any file, never write) so that ``import`` works.
 
 Without root (or where the kernel refuses): runs share the caller's uid and network; they are
 still limited, niced, and their process group is killed, but a process that leaves the group
@@ -58,10 +63,17 @@ _PEER_TIMEOUT_S = 10.0  # a trusted peer that stalls mid-frame must not wedge th
 
 # Run directories on tmpfs: creating and removing one on a disk filesystem costs milliseconds.
 _WORKDIR_ROOT = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # None: tempfile's default
+# Where the private root is assembled (a mount point only inside the server's mount namespace).
+_PRIVATE_ROOT = os.path.join(tempfile.gettempdir(), "pettingllms-sandbox-root")
+_SYSTEM_LIBRARIES = ("/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 
 _RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # plus HOME and TMPDIR per run
 
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _PR_SET_KEEPCAPS = 8
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
@@ -94,7 +106,8 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 # Everything a child needs is built here, before any fork: work done once in the server is work
 # no run repeats (resolving C symbols, building ctypes structs, text streams).
 _libc = ctypes.CDLL(None, use_errno=True)
-_prctl, _capset, _unshare = _libc.prctl, _libc.capset, _libc.unshare
+_prctl, _capset, _unshare, _libc_mount = _libc.prctl, _libc.capset, _libc.unshare, _libc.mount
+_libc_mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 def _check(ret: int, what: str) -> None:
@@ -159,6 +172,61 @@ def _probe_identity(uid: int) -> tuple[bool, bool]:
 
 def _enter_private_network() -> bool:
     return _unshare(_CLONE_NEWNET) == 0
+
+
+def _readable_trees() -> list[str]:
+    """What a run may read: the interpreter's trees and the shared libraries, symlinks resolved,
+    nested paths folded into the outermost one."""
+    paths = sysconfig.get_paths()
+    wanted = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *_SYSTEM_LIBRARIES]
+    wanted += [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    real = {os.path.realpath(path) for path in wanted if os.path.exists(path)}
+    return sorted(path for path in real if not any(path.startswith(other + os.sep) for other in real))
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    args = [None if text is None else os.fsencode(text) for text in (source, target, fstype)]
+    _check(_libc_mount(*args, flags, None if data is None else data.encode()), f"mount {target}")
+
+
+def _bind_read_only(source: str, root: str) -> None:
+    """Bind ``source`` at the same path under ``root``, read-only; the symlinks on the way (e.g.
+    /lib -> usr/lib) are made again under ``root``."""
+    target = root + source
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    _mount(source, target, None, _MS_BIND | _MS_REC)
+    # Keep the flags the kernel may lock on the source (nosuid, nodev, noexec) and add read-only.
+    kept = os.statvfs(source).f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
+
+
+def _enter_private_filesystem() -> str | None:
+    """Chroot into a fresh tmpfs holding only what runs need (see the module docstring). Returns
+    the run directories' root inside it, or None where the OS refuses (nothing changes then)."""
+    if os.geteuid() != 0 or _unshare(_CLONE_NEWNS) != 0:
+        return None
+    try:
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below propagates to the host
+        os.makedirs(_PRIVATE_ROOT, exist_ok=True)
+        _mount("tmpfs", _PRIVATE_ROOT, "tmpfs", _MS_NOSUID, "mode=755")
+        for path in _readable_trees() + [device for device in _DEVICES if os.path.exists(device)]:
+            _bind_read_only(path, _PRIVATE_ROOT)
+        for link in [*_SYSTEM_LIBRARIES, sys.prefix, sys.base_prefix]:
+            if os.path.islink(link) and not os.path.lexists(_PRIVATE_ROOT + link):
+                os.makedirs(os.path.dirname(_PRIVATE_ROOT + link), exist_ok=True)
+                os.symlink(os.readlink(link), _PRIVATE_ROOT + link)
+        os.makedirs(_PRIVATE_ROOT + "/tmp", exist_ok=True)
+        os.chmod(_PRIVATE_ROOT + "/tmp", 0o1777)
+        os.chroot(_PRIVATE_ROOT)
+        os.chdir("/")
+    except OSError as exc:
+        print(f"sandbox: no filesystem isolation ({exc})", file=sys.stderr)
+        return None
+    return "/tmp"
 
 
 class _UidKiller:
@@ -243,8 +311,9 @@ class _Run:
 
 
 class ForkServer:
-    def __init__(self, control: socket.socket, max_parallel: int, isolation: dict):
+    def __init__(self, control: socket.socket, max_parallel: int, isolation: dict, workdir_root: str | None):
         self._control = control
+        self._workdir_root = workdir_root
         self._max_parallel = max_parallel
         self._isolation = isolation
         self._selector = selectors.EpollSelector()
@@ -324,7 +393,7 @@ class ForkServer:
 
     def _start(self, conn: socket.socket, request: dict) -> None:
         uid = self._free_uids.popleft()
-        workdir = tempfile.mkdtemp(prefix="pettingllms-sandbox-", dir=_WORKDIR_ROOT)
+        workdir = tempfile.mkdtemp(prefix="pettingllms-sandbox-", dir=self._workdir_root)
         stdin_fd = os.memfd_create("stdin")
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -540,9 +609,10 @@ def main(argv: list[str]) -> None:
     _prepare_runs()
     control = socket.socket(fileno=int(argv[1]))
     max_parallel = int(argv[2])
+    workdir_root = _enter_private_filesystem()  # first: the identity probe then reads inside it
     drop_uid, keep_read = _probe_identity(_uid_pool()[0])
-    isolation = {"network": _enter_private_network(), "drop_uid": drop_uid, "keep_read": keep_read}
-    server = ForkServer(control, max_parallel, isolation)
+    isolation = {"network": _enter_private_network(), "filesystem": workdir_root is not None, "drop_uid": drop_uid, "keep_read": keep_read}
+    server = ForkServer(control, max_parallel, isolation, workdir_root or _WORKDIR_ROOT)
     gc.freeze()  # children then share the server's objects instead of copying pages gc touches
     send_frame(control, isolation)
     server.serve()
