@@ -144,21 +144,22 @@ def team_artifacts(artifacts):
     return artifacts
 
 
-def _by_role(rows: list[dict]) -> dict[str, list[dict]]:
-    roles = defaultdict(list)
-    for row in rows:
-        roles[row["mas_role"]].append(row)
-    return roles
+def run_team(artifacts, recipe: str, roles: set[str]) -> dict[str, list[dict]]:
+    """Run a 3-step recipe with a batch dump; its training rows by role."""
+    dump = artifacts / f"{recipe}_batches"
+    metrics = run_recipe(artifacts, recipe, f"+pettingllms.batch_dump_dir={dump}")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    by_role = defaultdict(list)
+    for row in dumped_rows(dump):
+        by_role[row["mas_role"]].append(row)
+    assert set(by_role) == roles
+    return by_role
 
 
 def test_code_team_programs_run_in_the_sandbox_inside_ray_and_their_pass_rates_reach_the_batch(team_artifacts):
     from pettingllms_verl.envs.code import PARSE_PENALTY
 
-    dump = team_artifacts / "code_batches"
-    metrics = run_recipe(team_artifacts, "code_mas_atgrpo_cpu", f"+pettingllms.batch_dump_dir={dump}")
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    roles = _by_role(dumped_rows(dump))
-    assert set(roles) == {"tester", "coder"}
+    roles = run_team(team_artifacts, "code_mas_atgrpo_cpu", {"tester", "coder"})
     for row in roles["tester"] + roles["coder"]:
         reward = row["mas_local_reward"]
         assert reward == PARSE_PENALTY if not row["mas_parse_ok"] else 0.0 <= reward <= 1.0
@@ -170,11 +171,7 @@ def test_code_team_programs_run_in_the_sandbox_inside_ray_and_their_pass_rates_r
 def test_math_team_programs_and_answers_are_graded_inside_ray(team_artifacts):
     from pettingllms_verl.envs.math import PARSE_PENALTY, TOOL_FAILURE_PENALTY
 
-    dump = team_artifacts / "math_batches"
-    metrics = run_recipe(team_artifacts, "math_mas_atgrpo_cpu", f"+pettingllms.batch_dump_dir={dump}")
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    roles = _by_role(dumped_rows(dump))
-    assert set(roles) == {"tool", "reasoner"}
+    roles = run_team(team_artifacts, "math_mas_atgrpo_cpu", {"tool", "reasoner"})
     assert {r["mas_local_reward"] for r in roles["tool"]} <= {1.0, 0.0, TOOL_FAILURE_PENALTY, PARSE_PENALTY}
     assert {r["mas_local_reward"] for r in roles["reasoner"]} <= {1.0, 0.0, PARSE_PENALTY}
     # 0 or 1: the tool's program ran, printed an answer and math-verify (a child process) judged it
