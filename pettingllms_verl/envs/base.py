@@ -82,3 +82,24 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def workflow(self, mode: str) -> Workflow:
         """The workflow of ``mode``: ``"sa"`` (one agent) or ``"mas"`` (several roles)."""
+
+    def unknown_role(self, role: Any) -> ValueError:
+        """The error to raise for a role this env does not have."""
+        return ValueError(f"{self.name} has no role {role!r}; roles: {self.roles}")
+
+    def check_role(self, role: Any) -> None:
+        if role not in self.roles:
+            raise self.unknown_role(role)
+
+
+def workflow_for(mode: str, mas: tuple[str, ...], sa: tuple[str, ...], max_turns: int) -> Workflow:
+    """An env's workflow of ``mode``: its MAS or SA turn order, with one turn budget for both."""
+    orders = {"mas": mas, "sa": sa}
+    if mode not in orders:
+        raise ValueError(f"unknown workflow mode {mode!r}; use 'sa' or 'mas'")
+    return Workflow(orders[mode], max_turns)
+
+
+def ignored(reason: str) -> StepResult:
+    """The result of a reply that changes nothing and earns nothing (episode over, not the role's turn)."""
+    return StepResult(0.0, True, {"ignored": reason})

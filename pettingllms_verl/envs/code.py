@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Sequence
 
 from pettingllms_verl.agents import code as prompts
 from pettingllms_verl.agents.parsing import extract_code, parse_io_tests
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 from pettingllms_verl.sandbox.client import MAX_PARALLEL
 
@@ -115,24 +115,19 @@ class CodeEnv(Env):
         return self.pass_rate
 
     def workflow(self, mode: str) -> Workflow:
-        if mode == "mas":
-            return Workflow(("tester", "coder"), self.max_turns)
-        if mode == "sa":
-            return Workflow(("coder",), self.max_turns)
-        raise ValueError(f"unknown workflow mode {mode!r}; use 'sa' or 'mas'")
+        return workflow_for(mode, mas=("tester", "coder"), sa=("coder",), max_turns=self.max_turns)
 
     def observation(self, role: str) -> Messages:
         if role == "tester":
             return prompts.tester_messages(self.problem, self.max_tests, self.code, self.mismatches)
         if role == "coder":
             return prompts.coder_messages(self.problem, self.tests, self.code, self.mismatches)
-        raise ValueError(f"code has no role {role!r}; roles: {self.roles}")
+        raise self.unknown_role(role)
 
     def step(self, role: str, text: str) -> StepResult:
-        if role not in self.roles:
-            raise ValueError(f"code has no role {role!r}; roles: {self.roles}")
+        self.check_role(role)
         if self.done:
-            return StepResult(0.0, True, {"ignored": "episode is done"})
+            return ignored("episode is done")
         return self._tester_step(text) if role == "tester" else self._coder_step(text)
 
     def _tester_step(self, text: str) -> StepResult:

@@ -43,7 +43,7 @@ from typing import Any
 
 from pettingllms_verl.agents import hanabi as agent
 from pettingllms_verl.agents.hanabi import Action
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
 
 PLAY_REWARD = 1.0
 MISPLAY_PENALTY = -1.0
@@ -117,9 +117,7 @@ class HanabiEnv(Env):
         return self.score / self.max_score
 
     def workflow(self, mode: str) -> Workflow:
-        if mode in ("mas", "sa"):
-            return Workflow(self.roles, self.max_turns)
-        raise ValueError(f"unknown workflow mode {mode!r}; use 'sa' or 'mas'")
+        return workflow_for(mode, mas=self.roles, sa=self.roles, max_turns=self.max_turns)
 
     def view(self, role: str) -> dict:
         """Everything ``role`` may know: never its own cards, only what hints said about them."""
@@ -151,9 +149,9 @@ class HanabiEnv(Env):
     def step(self, role: str, text: str) -> StepResult:
         seat = self._seat(role)
         if self.done:
-            return StepResult(0.0, True, {"ignored": "episode is done"})
+            return ignored("episode is done")
         if seat != self.current:
-            return StepResult(0.0, True, {"ignored": f"not {role}'s turn"})
+            return ignored(f"not {role}'s turn")
         action = agent.parse_action(text)
         if action is None:
             reward, info = INVALID_PENALTY, {"invalid": "no action"}
@@ -261,8 +259,7 @@ class HanabiEnv(Env):
         self.success = self.score >= self.success_score
 
     def _seat(self, role: Any) -> int:
-        if role not in self.roles:
-            raise ValueError(f"hanabi has no role {role!r}; roles: {self.roles}")
+        self.check_role(role)
         return self.roles.index(role)
 
 

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from pettingllms_verl.agents import math as prompts
 from pettingllms_verl.agents.parsing import extract_code, last_boxed
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
 from pettingllms_verl.envs.math_grading import MAX_ANSWER_CHARS, equivalent
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 
@@ -89,24 +89,19 @@ class MathEnv(Env):
         return 1.0 if self.success else 0.0
 
     def workflow(self, mode: str) -> Workflow:
-        if mode == "mas":
-            return Workflow(("tool", "reasoner"), self.max_turns)
-        if mode == "sa":
-            return Workflow(("reasoner",), self.max_turns)
-        raise ValueError(f"unknown workflow mode {mode!r}; use 'sa' or 'mas'")
+        return workflow_for(mode, mas=("tool", "reasoner"), sa=("reasoner",), max_turns=self.max_turns)
 
     def observation(self, role: str) -> Messages:
         if role == "tool":
             return prompts.tool_messages(self.problem, self.tool_code, self.tool_answer, self.reasoner_answer)
         if role == "reasoner":
             return prompts.reasoner_messages(self.problem, self.tool_code, self.tool_output, self.reasoner_answer)
-        raise ValueError(f"math has no role {role!r}; roles: {self.roles}")
+        raise self.unknown_role(role)
 
     def step(self, role: str, text: str) -> StepResult:
-        if role not in self.roles:
-            raise ValueError(f"math has no role {role!r}; roles: {self.roles}")
+        self.check_role(role)
         if self.done:
-            return StepResult(0.0, True, {"ignored": "episode is done"})
+            return ignored("episode is done")
         return self._tool_step(text) if role == "tool" else self._reasoner_step(text)
 
     def _tool_step(self, text: str) -> StepResult:

@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import random
 from functools import lru_cache
-from typing import Any
 
 from pettingllms_verl.agents import tictactoe as agent
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
 
 EMPTY = "."
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
@@ -121,11 +120,7 @@ class TicTacToeEnv(Env):
         return dict(self._task)
 
     def workflow(self, mode: str) -> Workflow:
-        if mode == "mas":
-            return Workflow((self._task["first"], other(self._task["first"])), MAX_TURNS)
-        if mode == "sa":
-            return Workflow(("x",), MAX_TURNS)
-        raise ValueError(f"unknown workflow mode {mode!r}; use 'sa' or 'mas'")
+        return workflow_for(mode, mas=(self._task["first"], other(self._task["first"])), sa=("x",), max_turns=MAX_TURNS)
 
     def result(self, role: str) -> str:
         """``role``'s result: "win", "loss", "draw", "unfinished" or "ongoing"."""
@@ -143,15 +138,15 @@ class TicTacToeEnv(Env):
         return sum(self.outcome_reward(role) for role in self.roles) / 2
 
     def observation(self, role: str) -> Messages:
-        self._check_role(role)
+        self.check_role(role)
         return agent.messages(self.board, role, None if self.done else self.to_move)
 
     def step(self, role: str, text: str) -> StepResult:
-        self._check_role(role)
+        self.check_role(role)
         if self.done:
-            return StepResult(0.0, True, {"ignored": "episode is done"})
+            return ignored("episode is done")
         if role != self.to_move:
-            return StepResult(0.0, True, {"ignored": f"not {role}'s turn"})
+            return ignored(f"not {role}'s turn")
         cell = agent.parse_cell(text)
         reward, info = 0.0, {}
         if cell is None:
@@ -195,7 +190,3 @@ class TicTacToeEnv(Env):
         self.outcome = outcome
         self.done = True
         self.success = self.result("x") in ("win", "draw") if self.mode == "sa" else outcome == "draw"
-
-    def _check_role(self, role: Any) -> None:
-        if role not in self.roles:
-            raise ValueError(f"tictactoe has no role {role!r}; roles: {self.roles}")

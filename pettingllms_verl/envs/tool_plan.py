@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from pettingllms_verl.agents.parsing import extract_code
 from pettingllms_verl.agents.tool_plan import PuzzlePrompts, plan_messages, tool_messages
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 
 PARSE_PENALTY = -0.5
@@ -71,24 +71,19 @@ class ToolPlanEnv(Env):
         self.tool_output: str | None = None
 
     def workflow(self, mode: str) -> Workflow:
-        if mode == "mas":
-            return Workflow(("tool", "plan"), self.max_turns)
-        if mode == "sa":
-            return Workflow(("plan",), self.max_turns)
-        raise ValueError(f"unknown workflow mode {mode!r}; use 'sa' or 'mas'")
+        return workflow_for(mode, mas=("tool", "plan"), sa=("plan",), max_turns=self.max_turns)
 
     def observation(self, role: str) -> Messages:
         if role == "tool":
             return tool_messages(self.prompts, self.view())
         if role == "plan":
             return plan_messages(self.prompts, self.view(), self.tool_code, self.tool_output)
-        raise ValueError(f"{self.name} has no role {role!r}; roles: {self.roles}")
+        raise self.unknown_role(role)
 
     def step(self, role: str, text: str) -> StepResult:
-        if role not in self.roles:
-            raise ValueError(f"{self.name} has no role {role!r}; roles: {self.roles}")
+        self.check_role(role)
         if self.done:
-            return StepResult(0.0, True, {"ignored": "episode is done"})
+            return ignored("episode is done")
         if role == "tool":
             return self._tool_step(text)
         actions = self.parse_actions(text)
