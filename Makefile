@@ -48,7 +48,6 @@ model-math: $(ARTIFACTS)/tiny_model_math/config.json
 model-code: $(ARTIFACTS)/tiny_model_code/config.json
 
 # Plan-Path on CPU: the warm-started tiny model and 6x6 grids.
-
 $(ARTIFACTS)/data/plan_path_6x6/train.parquet: | $(VENV)/.installed
 	$(PY) data_prep/plan_path.py --size 6 --train 256 --test 32 --out-dir $(ARTIFACTS)/data/plan_path_6x6
 

@@ -99,10 +99,11 @@ def presets(lcb_version: str) -> dict:
 def load_tasks(source: str, split: str, lcb_version: str, max_train_tests: int) -> list[dict]:
     """``{"problem", "tests", "solution"}`` dicts of one source; problems without a test dropped,
     training problems cut to ``max_train_tests`` tests."""
+    known = presets(lcb_version)
     if source == "fixture":
         tasks = [dict(t) for i, t in enumerate(fixture_tasks()) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
-    elif source in presets(lcb_version):
-        source, convert = presets(lcb_version)[source]
+    elif source in known:
+        source, convert = known[source]
         tasks = [convert(row) for row in load_records(source)]
     else:
         tasks = [from_columns(row, source) for row in load_records(source)]
