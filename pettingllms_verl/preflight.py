@@ -83,21 +83,96 @@ def _check_registered(config: DictConfig, key: str, names: list[str]) -> None:
         raise ConfigError(key, f"unknown name {value!r}", f"use one of: {', '.join(names)}")
 
 
-def check(config: DictConfig) -> None:
-    """Raise ``ConfigError`` for the first problem found."""
-    model_path = _select(config, "actor_rollout_ref.model.path")
+def _check_model_path(key: str, model_path: Any) -> None:
     if not model_path:
-        raise ConfigError("actor_rollout_ref.model.path", "not set", "point it at a HF model directory or hub id")
+        raise ConfigError(key, "not set", "point it at a HF model directory or hub id")
     if not os.path.isdir(os.path.expanduser(model_path)):
         problem = "model directory not found" if _is_local_path(model_path) else _hub_model_problem(model_path)
         if problem:
             raise ConfigError(
-                "actor_rollout_ref.model.path",
+                key,
                 f"{problem}: {model_path}",
                 "build the tiny model with `make model` (python -m pettingllms_verl.models.tiny --out DIR), "
                 "download the model where there is network (`hf download <id> --local-dir DIR`), "
-                "or set actor_rollout_ref.model.path=<dir>",
+                f"or set {key}=<dir>",
             )
+
+
+def _train_env(config: DictConfig) -> str | None:
+    """The environment of the training rows (first row of data.train_files), if it can be read."""
+    files = _select(config, "data.train_files")
+    path = files if isinstance(files, str) else (list(files)[0] if files else None)
+    if not path or not str(path).endswith(".parquet") or not os.path.getsize(os.path.expanduser(path)):
+        return None
+    import pyarrow.parquet as pq
+
+    from pettingllms_verl.data.rows import row_task
+
+    table = pq.ParquetFile(os.path.expanduser(path))
+    if "extra_info" not in table.schema.names or not table.metadata.num_rows:
+        return None
+    return row_task(table.read_row_group(0, columns=["extra_info"]).column(0)[0].as_py())[0]
+
+
+def _check_policies(config: DictConfig) -> None:
+    """The ``pettingllms`` section: schema, policies (models, tokenizers, pools), roles vs the env."""
+    from pettingllms_verl import envs
+    from pettingllms_verl.config import SECTION, SettingsError, load
+
+    try:
+        settings = load(config.pettingllms)
+        table = settings.policy_table()
+        env_name = _train_env(config)
+        if env_name is not None:
+            env = envs.make(env_name, **settings.env_kwargs)
+            settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
+    except SettingsError as error:
+        key, _, problem = str(error).partition(": ")
+        raise ConfigError(key, problem, "see the `pettingllms:` section in the README") from None
+    main_model = _select(config, "actor_rollout_ref.model.path")
+    for name, policy in table.items():
+        key = f"{SECTION}.policies.{name}"
+        path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path")
+        if path is not None:
+            _check_model_path(f"{key}.overrides.model.path", path)
+            if _tokenizer_vocab(path) != _tokenizer_vocab(main_model):
+                raise ConfigError(
+                    f"{key}.overrides.model.path", f"{path} has another tokenizer than actor_rollout_ref.model.path={main_model}",
+                    "every policy of a run must share one tokenizer (e.g. Qwen3-1.7B with Qwen3-8B)",
+                )
+        if policy.pool == "own" and (policy.n_gpus_per_node == 0 or policy.nnodes == 0):
+            raise ConfigError(f"{key}.n_gpus_per_node", "a pool of its own with no GPU", "give it at least one GPU, or pool: shared")
+    if len(table) > 1 and _select(config, "trainer.v1.trainer_mode") != "mas_sync":
+        raise ConfigError("trainer.v1.trainer_mode", f"{len(table)} policies need the multi-policy trainer", "set trainer.v1.trainer_mode=mas_sync")
+
+
+def _tokenizer_vocab(path: str) -> dict | None:
+    """A tokenizer's vocabulary and special tokens (None where it cannot be loaded here)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path))
+    except Exception:  # a hub model not cached: the model check above reports what matters
+        return None
+    return {"vocab": tokenizer.get_vocab(), "special": tokenizer.all_special_tokens}
+
+
+def _gpus_needed(config: DictConfig) -> tuple[int, str]:
+    """Ray GPU slots the run asks for, and the key that adds the last of them."""
+    trainer_world = int(_select(config, "trainer.n_gpus_per_node") or 0) * int(_select(config, "trainer.nnodes") or 1)
+    needed, key = trainer_world, "trainer.n_gpus_per_node"
+    policies = _select(config, "pettingllms.policies") or {}
+    for name, policy in policies.items():
+        if (policy or {}).get("pool") == "own":
+            per_node = policy.get("n_gpus_per_node") or _select(config, "trainer.n_gpus_per_node") or 0
+            needed += int(per_node) * int(policy.get("nnodes") or _select(config, "trainer.nnodes") or 1)
+            key = f"pettingllms.policies.{name}.n_gpus_per_node"
+    return needed, key
+
+
+def check(config: DictConfig) -> None:
+    """Raise ``ConfigError`` for the first problem found."""
+    _check_model_path("actor_rollout_ref.model.path", _select(config, "actor_rollout_ref.model.path"))
     for key in ("data.train_files", "data.val_files"):
         files = _select(config, key)
         if files is None:
@@ -111,13 +186,7 @@ def check(config: DictConfig) -> None:
                     f"{key}=<parquet path>",
                 )
     if _select(config, "pettingllms") is not None:
-        from pettingllms_verl.rollout.settings import RolloutSettings, SettingsError
-
-        try:
-            RolloutSettings.from_config(config.pettingllms)
-        except SettingsError as error:
-            key, _, problem = str(error).partition(": ")
-            raise ConfigError(key, problem, "see the `pettingllms:` section in the README") from None
+        _check_policies(config)
     for key, names in _registered_names().items():
         _check_registered(config, key, names)
     if _select(config, "actor_rollout_ref.rollout.name") == "hf":
@@ -129,14 +198,14 @@ def check(config: DictConfig) -> None:
                     f"{size}: the hf rollout serves one whole model copy per trainer rank (no model parallelism)",
                     f"set actor_rollout_ref.rollout.{key}=1",
                 )
-        world = int(_select(config, "trainer.n_gpus_per_node") or 0) * int(_select(config, "trainer.nnodes") or 1)
-        declared = _select(config, "ray_kwargs.ray_init.num_gpus")
-        if declared is not None and int(declared) < world:
-            raise ConfigError(
-                "ray_kwargs.ray_init.num_gpus",
-                f"{declared} Ray GPU slots for {world} trainer ranks (trainer.n_gpus_per_node x trainer.nnodes)",
-                f"set ray_kwargs.ray_init.num_gpus={world} (on CPU these are slots, not devices)",
-            )
+    needed, key = _gpus_needed(config)
+    declared = _select(config, "ray_kwargs.ray_init.num_gpus")
+    if declared is not None and int(declared) < needed:
+        raise ConfigError(
+            "ray_kwargs.ray_init.num_gpus",
+            f"{declared} Ray GPU slots for {needed} ranks (trainer.n_gpus_per_node x trainer.nnodes + policy pools)",
+            f"set ray_kwargs.ray_init.num_gpus={needed} (on CPU these are slots, not devices) or lower {key}",
+        )
 
 
 class Preflight(Callback):

@@ -9,7 +9,7 @@ import pytest
 from pettingllms_verl import envs
 from pettingllms_verl.rollout.agent_loop import group_key
 from pettingllms_verl.rollout.episode import best_branch, run_episode
-from pettingllms_verl.rollout.settings import RolloutSettings, SettingsError
+from pettingllms_verl.config import PettingLLMsConfig, SettingsError, load
 
 MOVES = ["U", "D", "L", "R"]
 
@@ -105,7 +105,7 @@ def test_the_parent_env_is_never_stepped():
 
 
 def test_no_group_spans_two_problems_or_two_states():
-    settings = RolloutSettings(rollout_mode="tree", k=4)
+    settings = PettingLLMsConfig(rollout_mode="tree", k=4)
     groups = defaultdict(list)
     for uid, seed in (("1", 11), ("11", 12), ("1|t1", 13)):  # uids that collide under naive joins
         _, episode, _ = play(seed=seed, k=4)
@@ -118,8 +118,8 @@ def test_no_group_spans_two_problems_or_two_states():
 
 
 def test_independent_mode_groups_across_sessions_by_turn_and_role():
-    settings = RolloutSettings(rollout_mode="independent", k=4)
-    assert settings.branches(validate=False) == 1 and RolloutSettings(k=4).branches(validate=True) == 1
+    settings = PettingLLMsConfig(rollout_mode="independent", k=4)
+    assert settings.branches(validate=False) == 1 and PettingLLMsConfig(k=4).branches(validate=True) == 1
     keys = set()
     for session in range(3):
         _, episode, _ = play(seed=20 + session, k=1)
@@ -134,11 +134,11 @@ def test_independent_mode_groups_across_sessions_by_turn_and_role():
         ({"rollout_mode": "beam"}, "pettingllms.rollout_mode"),
         ({"k": 0}, "pettingllms.k"),
         ({"roles": {"plan": {"sampling": {"temprature": 1.0}}}}, "pettingllms.roles.plan.sampling"),
-        ({"alhpa": 1.0}, "unknown keys"),
+        ({"alhpa": 1.0}, "pettingllms.alhpa"),
     ],
 )
 def test_bad_settings_name_the_key(section, message):
     from omegaconf import OmegaConf
 
     with pytest.raises(SettingsError, match=message):
-        RolloutSettings.from_config(OmegaConf.create(section))
+        load(OmegaConf.create(section))

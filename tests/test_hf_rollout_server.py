@@ -39,7 +39,7 @@ def rollout_config():
 def server(ray_session, rollout_config, tiny_model_dir):
     handle = (
         ray.remote(HFRolloutServer)
-        .options(name=server_actor_name(0), max_concurrency=64, num_cpus=0)
+        .options(name=server_actor_name(0, "shared"), max_concurrency=64, num_cpus=0)
         .remote(rollout_config, OmegaConf.create({"path": tiny_model_dir}), 0)
     )
     ray.get(handle.get_stats.remote())
@@ -96,7 +96,7 @@ def test_cuda_server_is_pinned_to_the_trainer_workers_device(ray_session):
     """The server asks Ray for no GPU; Ray (older releases, or RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1)
     then hides every device from it. The options must keep the trainer worker's device visible."""
     node_id = ray.get_runtime_context().get_node_id()
-    options = server_options(3, 8, (node_id, "5"), [NOSET])
+    options = server_options(3, "shared", 8, (node_id, "5"), [NOSET])
     assert options["num_gpus"] == 0 and options["scheduling_strategy"].node_id == node_id
     assert options["scheduling_strategy"].soft is False
     del options["name"]
@@ -108,8 +108,8 @@ def test_cuda_server_is_pinned_to_the_trainer_workers_device(ray_session):
 
 
 def test_cpu_server_gets_no_placement():
-    options = server_options(0, 8, None, [])
-    assert options == {"name": server_actor_name(0), "max_concurrency": 8, "num_cpus": 0, "num_gpus": 0}
+    options = server_options(0, "shared", 8, None, [])
+    assert options == {"name": server_actor_name(0, "shared"), "max_concurrency": 8, "num_cpus": 0, "num_gpus": 0}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only case")

@@ -64,9 +64,13 @@ def test_unknown_registry_name_lists_the_registered_ones(tmp_path, key, typo):
 
 @pytest.mark.parametrize(
     "key, value, problem",
-    [("pettingllms.rollout_mod", "tree", "unknown keys ['rollout_mod']"),
+    [("pettingllms.rollout_mod", "tree", "Key 'rollout_mod' not in 'PettingLLMsConfig'"),
      ("pettingllms.k", "0", "0 branches per node"),
-     ("pettingllms.roles.plan.sampling.temprature", "0.5", "unknown keys ['temprature']")],
+     ("pettingllms.k", "four", "could not be converted to Integer"),
+     ("pettingllms.roles.plan.sampling.temprature", "0.5", "Key 'temprature' not in 'SamplingConfig'"),
+     ("pettingllms.policies.a.trainble", "false", "Key 'trainble' not in 'PolicyConfig'"),
+     ("pettingllms.roles.plan.policy", "nope", "unknown policy 'nope'"),
+     ("pettingllms.policies.a.pool", "mine", "'mine' is not 'shared' or 'own'")],
 )
 def test_bad_pettingllms_section_names_the_key(tmp_path, key, value, problem):
     with pytest.raises(ConfigError) as error:

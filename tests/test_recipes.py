@@ -148,7 +148,7 @@ def _walk_unknown(cfg: dict, ref: dict, path: str) -> list[str]:
 def test_every_key_exists_in_verl_or_pettingllms(name, recipe, verl_defaults):
     cfg, _ = recipe(name)
     plain = OmegaConf.to_container(cfg, resolve=True)
-    plain.pop("pettingllms", None)  # ours: checked by RolloutSettings below
+    plain.pop("pettingllms", None)  # ours: checked by pettingllms_verl.config.load below
     assert _walk_unknown(plain, verl_defaults, "") == []
 
 
@@ -210,11 +210,11 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
 
     from pettingllms_verl import envs
     from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
-    from pettingllms_verl.rollout.settings import RolloutSettings
+    from pettingllms_verl.config import load
 
     cfg, _ = recipe(name)
     parts = NAME.match(name)
-    settings = RolloutSettings.from_config(cfg.get("pettingllms"))
+    settings = load(cfg.get("pettingllms"))
     rollout = cfg.actor_rollout_ref.rollout
     assert rollout.agent.agent_loop_manager_class == MAS_MANAGER
     assert cfg.trainer.v1.trainer_mode == "mas_sync"
@@ -262,7 +262,7 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
         if settings.roles and settings.workflow == "mas":
             assert set(settings.roles) == set(workflow.turn_order)
     for role in settings.roles.values():
-        assert role.sampling.get("max_tokens", 0) <= cfg.data.max_response_length  # else silently capped
+        assert (role.sampling.max_tokens or 0) <= cfg.data.max_response_length  # else silently capped
 
 
 def _is_tool_plan(env_name: str) -> bool:

@@ -15,15 +15,15 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from pettingllms_verl import envs
+from pettingllms_verl.config import PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
 from pettingllms_verl.rollout.episode import Episode, Sample, run_episode
-from pettingllms_verl.rollout.settings import RolloutSettings
 
 VALIDATE_KWARG = "pettingllms_validate"  # injected by MASAgentLoopWorker: verl passes no such flag to run()
 
 
-def group_key(uid: str, session_id: int, sample: Sample, settings: RolloutSettings) -> str:
+def group_key(uid: str, session_id: int, sample: Sample, settings: PettingLLMsConfig) -> str:
     """AT-GRPO group of a sample: (problem uid, turn, role, tree node).
 
     In tree mode the node is a state inside one session's tree, so the session is part of it;
@@ -37,7 +37,7 @@ def group_key(uid: str, session_id: int, sample: Sample, settings: RolloutSettin
 class EpisodeAgentLoop(AgentLoopBase):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.settings = RolloutSettings.from_config(self.config.get("pettingllms"))
+        self.settings = load(self.config.get("pettingllms"))
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
@@ -56,7 +56,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _sampling(self, base: dict[str, Any], role: str) -> dict[str, Any]:
-        params = {**base, **self.settings.role(role).sampling}
+        params = {**base, **self.settings.role(role).sampling.params()}
         params["max_tokens"] = min(int(params.get("max_tokens", self.response_length)), self.response_length)
         return params
 
@@ -67,19 +67,26 @@ class EpisodeAgentLoop(AgentLoopBase):
         env.reset(seed=seed, task=task)
         workflow = env.workflow(self.settings.workflow)
 
-        weight_versions: list[int] = []  # global step of the weights behind each reply
+        # One request id per episode: the load balancer keeps an episode's K branches and later
+        # turns on one replica of each policy (its prefix cache), and the policy's router picks it.
+        request_id = uuid.uuid4().hex
+        policies = {role: self.settings.policy_of(role, swapped=validate) for role in workflow.turn_order}
+        weight_versions: dict[str, set] = {role: set() for role in policies}  # global step of the weights behind each reply
+        served_by: dict[str, set] = {role: set() for role in policies}  # the policy each server says it is
 
         async def generate(role: str, prompt_ids: list[int], n: int):
             params = self._sampling(sampling_params, role)
             outputs = await asyncio.gather(
                 *(
-                    self.server_manager.generate(request_id=uuid.uuid4().hex, prompt_ids=prompt_ids, sampling_params=params)
+                    self.server_manager.generate(
+                        request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, policy=policies[role]
+                    )
                     for _ in range(n)
                 )
             )
-            weight_versions.extend(
-                out.extra_fields["global_steps"] for out in outputs if out.extra_fields.get("global_steps") is not None
-            )
+            for out in outputs:
+                weight_versions[role].add(out.extra_fields.get("global_steps"))
+                served_by[role].add(out.extra_fields.get("policy"))
             return [(out.token_ids[: self.response_length], (out.log_probs or [])[: self.response_length]) for out in outputs]
 
         episode = await run_episode(
@@ -93,14 +100,25 @@ class EpisodeAgentLoop(AgentLoopBase):
             decode=self.decode,
         )
         # verl's staleness bookkeeping: which weight versions this episode sampled from.
-        versions = {"min_global_steps": min(weight_versions, default=None), "max_global_steps": max(weight_versions, default=None)}
+        known = [v for versions in weight_versions.values() for v in versions if v is not None]
+        versions = {"min_global_steps": min(known, default=None), "max_global_steps": max(known, default=None)}
+        # per role, what the servers that answered it reported: their policy and weight version
+        routing = {
+            role: {
+                "mas_policy": policy,
+                "mas_served_by": sorted(map(str, served_by[role])),
+                "mas_weight_versions": sorted(v for v in weight_versions[role] if v is not None),
+            }
+            for role, policy in policies.items()
+        }
         if validate:
             # Validation reports what evaluation means: episode success, one row per episode.
             final = episode.samples[-1]
-            return [self._output(final, kwargs, episode, versions, reward=float(episode.success), last=True)]
+            extra = {**versions, **routing[final.role]}
+            return [self._output(final, kwargs, episode, extra, reward=float(episode.success), last=True)]
         samples = episode.samples
         outputs = [
-            self._output(s, kwargs, episode, versions, reward=s.reward, last=i == len(samples) - 1)
+            self._output(s, kwargs, episode, {**versions, **routing[s.role]}, reward=s.reward, last=i == len(samples) - 1)
             for i, s in enumerate(samples)
         ]
         if self.config.algorithm.adv_estimator != AT_GRPO:
@@ -110,7 +128,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         return outputs
 
     def _output(
-        self, sample: Sample, kwargs: dict, episode: Episode, versions: dict, reward: float, last: bool
+        self, sample: Sample, kwargs: dict, episode: Episode, extra: dict, reward: float, last: bool
     ) -> AgentLoopOutput:
         tags = {
             "mas_group": group_key(str(kwargs["uid"]), int(kwargs.get("session_id", 0)), sample, self.settings),
@@ -118,7 +136,6 @@ class EpisodeAgentLoop(AgentLoopBase):
             "mas_role": sample.role,
             "mas_node": sample.node,
             "mas_branch": sample.branch,
-            "mas_policy": self.settings.role(sample.role).policy,
             "mas_local_reward": sample.local_reward,
             "mas_global_reward": sample.global_reward,
             "mas_reward": reward,
@@ -132,7 +149,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             "mas_generate_s": episode.generate_s if last else None,
             # verl's postprocess copies this from the last output (a reward manager fills it)
             "reward_extra_info": {},
-            **versions,
+            **extra,  # verl's staleness fields + this role's routing (mas_policy, mas_served_by, ...)
         }
         return AgentLoopOutput(
             prompt_ids=sample.prompt_ids,

@@ -1,27 +1,49 @@
-"""verl V1 trainer ``mas_sync``: verl's synchronous trainer plus multi-agent metrics.
+"""verl V1 trainer ``mas_sync``: verl's synchronous trainer over a table of policies.
 
-Select it with ``trainer.v1.trainer_mode=mas_sync``. It runs verl's synchronous schedule
-unchanged (rollout -> old log-probs -> advantages -> update -> weight sync, strictly on-policy);
-the AT-GRPO grouping itself reaches verl's advantage step through the rows' ``uid`` (see
-``rollout/worker.py``). What it adds: the ``mas/`` and ``at_grpo/`` metrics of each step.
+Select it with ``trainer.v1.trainer_mode=mas_sync``. Each policy of ``pettingllms.policies`` (one
+``shared`` policy when none is listed: L0) is a worker group with its own rollout replicas and
+weight sync (``trainer/policies.py``). A step reads top to bottom:
+
+    rollout (each role's requests go to its policy's replicas)
+    -> per policy: pad its own rows, old log-probs [+ ref] on its own worker group
+    -> one advantage pass over all rows (an AT-GRPO group never spans two policies)
+    -> per trainable policy: update on its own rows
+    -> weight sync of every trainable policy (strictly on-policy: checked per policy next step)
+
+It adds the ``mas/``, ``at_grpo/`` and ``policy/<name>/`` metrics, a checkpoint per policy, the
+swapped-policy validation switch and a fixed number of optimizer steps per training step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 from collections import defaultdict
 
 import numpy as np
 import torch
 import transfer_queue as tq
+from omegaconf import open_dict
+from transfer_queue import KVBatchMeta
+from verl.checkpoint_engine import CheckpointEngineManager
+from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, create_colocated_worker_cls
+from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.debug import marked_timer
+from verl.workers.rollout.llm_server import LLMServerManager
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
+from pettingllms_verl.config import SECTION, load, policy_config
+from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 
 TRAINER_MODE = "mas_sync"
+ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
+POLICIES_DIR = "policies"  # global_step_N/policies/<name>/: one checkpoint per policy
 
 
 def episode_metrics(tags: list[dict]) -> dict[str, float]:
@@ -42,8 +64,31 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
     return metrics
 
 
+def check_groups_within_policies(index, policies: list[str]) -> None:
+    """An advantage group mixes rows of two policies only through a bug (AT-GRPO keys hold the role)."""
+    seen: dict[str, str] = {}
+    for group, policy in zip(index, policies):
+        if seen.setdefault(group, policy) != policy:
+            raise AssertionError(f"advantage group {group!r} spans policies {seen[group]!r} and {policy!r}")
+
+
 @register_trainer(TRAINER_MODE)
 class MASTrainer(PPOTrainerSync):
+    def __init__(self, config):
+        self.settings = load(config.get(SECTION))
+        self.policy_table = self.settings.policy_table()
+        self.first_policy = next(iter(self.policy_table))
+        if self.policy_table[self.first_policy].pool != "shared":
+            raise ValueError(
+                f"{SECTION}.policies.{self.first_policy}.pool: the first policy runs on the trainer's GPUs; "
+                "list a pool=shared policy first"
+            )
+        # The first policy is verl's own actor group: its overrides go into the main config.
+        with open_dict(config):
+            config.actor_rollout_ref = policy_config(config, self.first_policy).actor_rollout_ref
+        self.policies: dict[str, PolicyGroup] = {}
+        super().__init__(config)
+
     @property
     def trainer_mode(self) -> str:
         # Registered under its own name, but every "is this the sync trainer?" check in verl
@@ -58,28 +103,190 @@ class MASTrainer(PPOTrainerSync):
         # verl's buffer polls for finished episodes every 2 s (not configurable there); on a CPU
         # step of ~3 s that sleep dominates `timing_s/gen`.
         buffer = super()._build_replay_buffer()
-        interval = self.config.get("pettingllms", {}).get("replay_poll_interval_s")
-        if interval is not None:
-            buffer.poll_interval = float(interval)
+        if self.settings.replay_poll_interval_s is not None:
+            buffer.poll_interval = float(self.settings.replay_poll_interval_s)
         return buffer
 
+    # ------------------------------ building the policies ------------------------------
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        if self.use_critic:
+            raise ValueError("mas_sync trains GRPO-style estimators: a critic (algorithm.adv_estimator=gae) is not supported")
+        spec = dict(self.resource_pool_manager.resource_pool_spec)
+        trainer = self.config.trainer
+        for name, policy in self.policy_table.items():
+            if policy.pool == "own":
+                nodes = policy.nnodes or trainer.nnodes
+                spec[f"policy_{name}"] = [policy.n_gpus_per_node or trainer.n_gpus_per_node] * nodes
+        shared = sum(policy.pool == "shared" for policy in self.policy_table.values())
+        # one process per shared policy on each GPU of the trainer's pool (+1 for a reward model)
+        self.resource_pool_manager = ResourcePoolManager(
+            resource_pool_spec=spec, mapping=self.mapping, max_colocate_count=max(3, shared + 1)
+        )
+
+    def _setup(self):
+        super()._setup()  # the first policy's group, its replicas and sync, reward loop; checkpoint load deferred
+        first = PolicyGroup(
+            self.first_policy, self.policy_table[self.first_policy].trainable, self.config,
+            self.actor_rollout_wg, self.llm_server_manager, self.checkpoint_manager,
+        )
+        self.policies = {first.name: first}
+        for name in list(self.policy_table)[1:]:
+            self.policies[name] = self._build_policy(name)
+        self.checkpoint_manager = MultiCheckpointManager(list(self.policies.values()))
+        self.checkpoint_manager.sleep_replicas()
+        self._load_checkpoint()
+
+    def _build_policy(self, name: str) -> PolicyGroup:
+        """A worker group, rollout replicas and weight sync for policy ``name`` (as verl's _setup does
+        for the actor), in its own processes: two policies never share a worker process."""
+        config = policy_config(self.config, name)
+        role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
+        pool_name = "global_pool" if self.policy_table[name].pool == "shared" else f"policy_{name}"
+        pool = self.resource_pool_manager.resource_pool_dict[pool_name]
+        worker = RayClassWithInitArgs(cls=self.role_worker_mapping[role], config=config.actor_rollout_ref, role=str(role))
+        group = RayWorkerGroup(
+            resource_pool=pool,
+            ray_cls_with_init=create_colocated_worker_cls(class_dict={str(role): worker}),
+            device_name=self.config.trainer.device,
+        ).spawn(prefix_set=[str(role)])[str(role)]
+        group.init_model()
+        servers = LLMServerManager.create(config=config, worker_group=group, rollout_resource_pool=pool)
+        sync_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
+        sync_config.backend = "naive"  # as verl's own sync trainer
+        sync = CheckpointEngineManager(config=sync_config, actor_wg=group, replicas=servers.get_replicas())
+        return PolicyGroup(name, self.policy_table[name].trainable, config, group, servers, sync)
+
+    def get_llm_client(self) -> PolicyRouterClient:
+        clients = {name: group.servers.get_client() for name, group in self.policies.items()}
+        return PolicyRouterClient(self.config, clients)
+
+    def _rollout_server_managers(self):
+        return [group.servers for group in self.policies.values()]
+
+    @contextlib.contextmanager
+    def _serving(self, group: PolicyGroup):
+        """verl's per-batch methods, pointed at one policy's worker group and config."""
+        saved = self.actor_rollout_wg, getattr(self, "ref_policy_wg", None), self.config
+        self.actor_rollout_wg = group.worker_group
+        if self.use_reference_policy:
+            self.ref_policy_wg = group.worker_group  # ref lives in the actor's process (ActorRolloutRef)
+        self.config = group.config
+        try:
+            yield
+        finally:
+            self.actor_rollout_wg, self.ref_policy_wg, self.config = saved
+
+    # ------------------------------ one training step ------------------------------
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        with marked_timer("gen", timing_raw, color="red"):
+            self.on_sample_begin()
+            batch, off_policy_metrics = self.replay_buffer.sample(
+                global_steps=self.global_steps, partition_id="train", batch_size=sample_batch_size
+            )
+            metrics.update(off_policy_metrics)
+            self.on_sample_end()
+        if self.reward_loop_manager.reward_loop_worker_handles is None:
+            raise ValueError("a colocated reward model would overwrite the per-sample rewards; disable reward.reward_model")
+
+        parts = self._partition(batch)
+        per_policy: dict[str, dict] = {name: {"rows": float(len(part))} for name, part in parts.items()}
+        with marked_timer("old_log_prob", timing_raw, color="blue"):
+            for name, part in parts.items():
+                with self._serving(self.policies[name]):
+                    part.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+                    part = self._balance_batch(part, metrics=per_policy[name])  # pads with this policy's rows only
+                    parts[name] = self._compute_old_log_prob(part, metrics=per_policy[name])
+                    if self.use_reference_policy:
+                        parts[name] = self._compute_ref_log_prob(parts[name], metrics=per_policy[name])
+        batch = KVBatchMeta.concat(list(parts.values()))
+
+        with marked_timer("adv", timing_raw, color="brown"):
+            batch = self._compute_advantage(batch, metrics=metrics)
+        # the workers fetch the fields a batch lists: take the parts again, now with the advantages
+        parts = {name: batch.select_keys(part.keys) for name, part in parts.items()}
+
+        if self.config.trainer.critic_warmup <= self.global_steps:
+            with marked_timer("update_actor", timing_raw, color="red"):
+                for name, part in parts.items():
+                    if self.policies[name].trainable:
+                        with self._serving(self.policies[name]):
+                            self._update_actor(part, metrics=per_policy[name])
+        self._merge_policy_metrics(metrics, per_policy)
+        return batch
+
+    def _partition(self, batch: KVBatchMeta) -> dict[str, KVBatchMeta]:
+        """The batch's rows by policy (``mas_policy`` tag), each checked to come from its policy's
+        current weights: a trainable policy's replies must come from the weights after the last update."""
+        tags = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"]
+        keys: dict[str, list[str]] = {name: [] for name in self.policies}
+        for key, tag in zip(batch.keys, tags):
+            if "mas_policy" not in tag:
+                raise ValueError(f"row {key}: mas_sync trains the rows of the pettingllms_episode agent loop (dataset column agent_name)")
+            policy = tag["mas_policy"]
+            if tag["mas_served_by"] != [policy]:
+                raise AssertionError(f"row {key}: role {tag['mas_role']} of policy {policy!r} was served by {tag['mas_served_by']}")
+            if self.policies[policy].trainable and tag["mas_weight_versions"] != [self.global_steps - 1]:
+                raise AssertionError(
+                    f"row {key}: policy {policy!r} sampled with weights of steps {tag['mas_weight_versions']}, "
+                    f"expected {self.global_steps - 1} (off-policy rollout)"
+                )
+            keys[policy].append(key)
+        return {name: batch.select_keys(rows) for name, rows in keys.items() if rows}
+
+    def _merge_policy_metrics(self, metrics: dict, per_policy: dict[str, dict]) -> None:
+        """``policy/<name>/...`` for every policy; verl's plain names (``actor/grad_norm``, ...) are
+        the mean over the policies that reported them."""
+        plain: dict[str, list[float]] = defaultdict(list)
+        for name, values in per_policy.items():
+            for key, value in values.items():
+                metrics[f"policy/{name}/{key}"] = value
+                if key != "rows":
+                    plain[key].append(value)
+        metrics.update({key: float(np.mean(values)) for key, values in plain.items()})
+
+    def _get_required_batch_multiple(self, dp_size: int) -> int:
+        k = self.settings.mini_batches_per_step
+        if k is None:
+            return super()._get_required_batch_multiple(dp_size)
+        return math.lcm(dp_size, self.config.actor_rollout_ref.rollout.n) * k
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's update; with ``mini_batches_per_step`` = K the policy's rows (padded to a multiple
+        of K) are split into exactly K mini-batches, whatever the episodes' lengths."""
+        k = self.settings.mini_batches_per_step
+        if k is None:
+            return super()._update_actor(batch, metrics)
+        actor = self.config.actor_rollout_ref.actor
+        configured = actor.ppo_mini_batch_size
+        with open_dict(actor):
+            actor.ppo_mini_batch_size = len(batch) // k // self.config.actor_rollout_ref.rollout.n
+        try:
+            return super()._update_actor(batch, metrics)
+        finally:
+            with open_dict(actor):
+                actor.ppo_mini_batch_size = configured
+
     def _compute_advantage(self, batch, metrics: dict):
-        self._isolate_padding_rows(batch)
         real = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
         rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"])
         tags = [dict(t) for t in rows["extra_fields"]]
-        if not any("mas_group" in t for t in tags):
-            return super()._compute_advantage(batch, metrics)
         index = np.array(list(rows["uid"]), dtype=object)
         scores = torch.stack([s.sum() for s in rows["rm_scores"].unbind(0)])
+        check_groups_within_policies(index, [t["mas_policy"] for t in tags])
         metrics.update(episode_metrics(tags))
+        by_policy: dict[str, list[float]] = defaultdict(list)
+        for tag, score in zip(tags, scores.tolist()):
+            by_policy[tag["mas_policy"]].append(score)
+        metrics.update({f"policy/{name}/reward_mean": float(np.mean(values)) for name, values in by_policy.items()})
         if self.config.algorithm.adv_estimator == AT_GRPO:
             metrics.update(group_stats(index))
             metrics["at_grpo/zero_variance_frac"] = zero_variance_frac(scores, index)
         batch = super()._compute_advantage(batch, metrics)
-        dump_dir = self.config.get("pettingllms", {}).get("batch_dump_dir")
-        if dump_dir:
-            self._dump_batch(dump_dir, batch, real, index, scores, tags)
+        if self.settings.batch_dump_dir:
+            self._dump_batch(self.settings.batch_dump_dir, batch, real, index, scores, tags)
         return batch
 
     def _dump_batch(self, dump_dir: str, batch, keys: list[str], index, scores: torch.Tensor, tags: list[dict]) -> None:
@@ -92,12 +299,62 @@ class MASTrainer(PPOTrainerSync):
                 row.update({name: value for name, value in tag.items() if name.startswith("mas_")})
                 f.write(json.dumps(row) + "\n")
 
-    @staticmethod
-    def _isolate_padding_rows(batch) -> None:
-        """verl pads the batch to a multiple of the mini-batch size with no-op rows copied from the
-        first real row, uid included: give each its own group so it cannot shift a real group's
-        mean and std (its response mask is empty, so its own advantage never counts)."""
-        padding = [key for key, tag in zip(batch.keys, batch.tags) if tag.get("is_padding", False)]
-        if padding:
-            fields = list_of_dict_to_tensordict([{"uid": f"padding:{key}"} for key in padding])
-            tq.kv_batch_put(keys=padding, partition_id=batch.partition_id, fields=fields)
+    # ------------------------------ validation ------------------------------
+
+    def _validate(self) -> dict[str, float]:
+        """verl's validation; under ``swap_policies`` (each role served by the other policy) its
+        metrics are reported under ``swap/``."""
+        metrics = super()._validate()
+        if self.settings.swap_policies:
+            return {f"swap/{key}": value for key, value in metrics.items()}
+        return metrics
+
+    # ------------------------------ checkpoints ------------------------------
+
+    def _save_checkpoint(self):
+        """``global_step_N/policies/<name>/`` per policy (weights, optimizer, scheduler), the
+        dataloader, then the tracker file last: a step folder without it is never resumed from."""
+        trainer = self.config.trainer
+        step_dir = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
+        for name, group in self.policies.items():
+            remote = None if trainer.default_hdfs_dir is None else os.path.join(
+                trainer.default_hdfs_dir, f"global_step_{self.global_steps}", POLICIES_DIR, name
+            )
+            group.worker_group.save_checkpoint(
+                os.path.join(step_dir, POLICIES_DIR, name), remote, self.global_steps,
+                max_ckpt_to_keep=trainer.get("max_actor_ckpt_to_keep", None),
+            )
+        os.makedirs(step_dir, exist_ok=True)
+        torch.save(self.train_dataloader.state_dict(), os.path.join(step_dir, "data.pt"))
+        tracker = os.path.join(trainer.default_local_dir, "latest_checkpointed_iteration.txt")
+        with open(tracker + ".tmp", "w") as f:
+            f.write(str(self.global_steps))
+        os.replace(tracker + ".tmp", tracker)
+        self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=step_dir, async_save=False)
+
+    def _load_checkpoint(self):
+        self.global_steps = 0
+        if not self.policies:
+            return  # called inside verl's _setup, before the other policies exist; _setup calls it again
+        step_dir = self._resume_folder()
+        if step_dir is None:
+            return
+        self.global_steps = int(step_dir.split("global_step_")[-1])
+        print(f"mas_sync: resuming {sorted(self.policies)} from {step_dir} (step {self.global_steps})", flush=True)
+        for name, group in self.policies.items():
+            path = os.path.join(step_dir, POLICIES_DIR, name)
+            if not os.path.isdir(path):
+                raise FileNotFoundError(f"{path}: no checkpoint of policy {name!r} in {step_dir} (was it added to {SECTION}.policies later?)")
+            group.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
+        data = os.path.join(step_dir, "data.pt")
+        if os.path.exists(data):
+            self.train_dataloader.load_state_dict(torch.load(data, weights_only=False))
+
+    def _resume_folder(self) -> str | None:
+        """The step folder to resume from (verl's resume_mode semantics), or None."""
+        trainer = self.config.trainer
+        if trainer.resume_mode == "disable":
+            return None
+        if trainer.resume_mode == "resume_path":
+            return os.path.abspath(trainer.resume_from_path)
+        return find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))

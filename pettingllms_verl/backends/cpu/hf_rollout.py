@@ -27,6 +27,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from pettingllms_verl.backends.cpu.hf_engine import HFGenerationEngine, SamplingSpec
+from pettingllms_verl.config import rollout_policy
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,9 @@ def _engine_kwargs(rollout_config: Any) -> dict:
     return dict((rollout_config.engine_kwargs or {}).get(ROLLOUT_NAME) or {})
 
 
-def server_actor_name(replica_rank: int) -> str:
-    return f"hf_server_{replica_rank}_0"
+def server_actor_name(replica_rank: int, policy: str) -> str:
+    """Named per policy: each policy's worker group numbers its replicas from 0."""
+    return f"hf_server_{policy}_{replica_rank}_0"
 
 
 def _torch_dtype(name: str, device: str) -> torch.dtype:
@@ -49,7 +51,9 @@ def _torch_dtype(name: str, device: str) -> torch.dtype:
     return torch.float32 if device == "cpu" else PrecisionType.to_dtype(name)
 
 
-def server_options(replica_rank: int, max_concurrency: int, gpu: tuple[str, str] | None, noset_envvars: list[str]) -> dict:
+def server_options(
+    replica_rank: int, policy: str, max_concurrency: int, gpu: tuple[str, str] | None, noset_envvars: list[str]
+) -> dict:
     """Ray options for one server actor; ``gpu`` is (node id, physical device id) of the trainer
     worker whose accelerator the server shares, None on CPU.
 
@@ -59,7 +63,7 @@ def server_options(replica_rank: int, max_concurrency: int, gpu: tuple[str, str]
     process can initialise CUDA.
     """
     options: dict[str, Any] = dict(
-        name=server_actor_name(replica_rank), max_concurrency=max_concurrency, num_cpus=0, num_gpus=0
+        name=server_actor_name(replica_rank, policy), max_concurrency=max_concurrency, num_cpus=0, num_gpus=0
     )
     if gpu is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -118,6 +122,7 @@ class HFRolloutServer:
         self.offload_when_asleep = device == "cuda" and bool(rollout_config.free_cache_engine)
         self.prompt_length = int(rollout_config.prompt_length)
         self.response_length = int(rollout_config.response_length)
+        self.policy = rollout_policy(rollout_config)  # stamped on every reply: which policy served it
         self.global_steps: int | None = None
         self.generate_calls = 0  # engine calls; exposed for tests and benchmarks
         self._pending: list[tuple[list[int], SamplingSpec, asyncio.Future]] = []
@@ -146,7 +151,7 @@ class HFRolloutServer:
             token_ids=generation.token_ids,
             log_probs=generation.log_probs,
             stop_reason="completed",
-            extra_fields={"global_steps": self.global_steps},
+            extra_fields={"global_steps": self.global_steps, "policy": self.policy},
         )
 
     async def _serve_batches(self) -> None:
@@ -177,7 +182,9 @@ class HFRolloutServer:
         return loaded
 
     def get_stats(self) -> dict[str, Any]:
-        return {"generate_calls": self.generate_calls, "device": self.device, "global_steps": self.global_steps}
+        return {
+            "generate_calls": self.generate_calls, "device": self.device, "global_steps": self.global_steps, "policy": self.policy,
+        }
 
     # Memory management. On CPU there is nothing to free, so these are explicit no-ops; on CUDA
     # (with rollout.free_cache_engine) sleep moves the model to host memory and wake_up brings it back.
@@ -234,14 +241,15 @@ class HFRolloutReplica(RolloutReplica):
                     str(ray.get_runtime_context().get_accelerator_ids()[resource][0]),
                 )
             )
-        options = server_options(self.replica_rank, self.max_concurrency, gpu, platform.ray_noset_envvars())
+        policy = rollout_policy(self.config)
+        options = server_options(self.replica_rank, policy, self.max_concurrency, gpu, platform.ray_noset_envvars())
         server = ray.remote(HFRolloutServer).options(**options).remote(
             self.config, self.model_config, self.replica_rank, device
         )
         await server.get_stats.remote()  # surface model-loading errors here, in the driver
         self.servers = [server]
         self._server_handle = server
-        self._server_address = server_actor_name(self.replica_rank)  # only a load-balancer key
+        self._server_address = options["name"]  # only a load-balancer key
 
 
 def load_replica_class() -> type[RolloutReplica]:
@@ -266,7 +274,7 @@ class HFServerAdapter(BaseRollout):
     @property
     def server(self):
         if self._server is None:  # the server starts after the trainer workers
-            self._server = ray.get_actor(server_actor_name(self.replica_rank))
+            self._server = ray.get_actor(server_actor_name(self.replica_rank, rollout_policy(self.config)))
         return self._server
 
     async def resume(self, tags: list[str]) -> None:

@@ -1,0 +1,186 @@
+"""The ``pettingllms`` config section, as a typed schema (``OmegaConf.structured``): an unknown key
+or a value of the wrong type fails by itself, naming the key.
+
+```yaml
+pettingllms:
+  workflow: mas            # sa: one agent does everything | mas: every role of the env acts
+  rollout_mode: tree       # tree: K branches per (turn, role) node | independent: plain episodes
+  k: 4                     # branches per tree node (tree mode; use rollout.n=1)
+  alpha: 1.0               # mixed reward = alpha * global (team) + local (role) reward
+  env_kwargs: {}           # passed to pettingllms_verl.envs.make(name, **env_kwargs)
+  policies:                # name -> policy; none listed = one policy "shared" (L0)
+    planner: {}                                          # actor_rollout_ref as configured
+    solver: {overrides: {model: {path: /models/other}}, trainable: false}
+  roles:                   # per role: which policy acts, and sampling overrides
+    plan: {policy: planner, sampling: {temperature: 1.0, max_tokens: 48}}
+```
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+SECTION = "pettingllms"
+DEFAULT_POLICY = "shared"  # the one policy of a run that lists none (L0)
+
+
+class SettingsError(ValueError):
+    """A bad value in the ``pettingllms`` section; the message starts with its full key."""
+
+
+@dataclass
+class SamplingConfig:
+    """Per-role overrides of verl's sampling params (unset = the rollout's own)."""
+
+    temperature: Optional[float] = None  # sampling temperature of this role's replies
+    top_p: Optional[float] = None  # nucleus sampling threshold
+    top_k: Optional[int] = None  # top-k sampling (-1: off)
+    max_tokens: Optional[int] = None  # reply budget (capped by rollout.response_length)
+    stop: Optional[List[str]] = None  # stop strings
+    repetition_penalty: Optional[float] = None  # >1 discourages repeats
+
+    def params(self) -> dict[str, Any]:
+        return {key: value for key, value in vars(self).items() if value is not None}
+
+
+@dataclass
+class RoleConfig:
+    policy: Optional[str] = None  # policy that acts for this role (a key of `policies`); default: the only policy
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # this role's sampling overrides
+
+
+@dataclass
+class PolicyConfig:
+    """One policy: a full model with its own trainer worker group and rollout replicas (L2)."""
+
+    overrides: Dict[str, Any] = field(default_factory=dict)  # merged into actor_rollout_ref for this policy (model.path, actor.optim.lr, rollout.gpu_memory_utilization, ...)
+    trainable: bool = True  # false: it generates but is never updated (a frozen role)
+    pool: str = "shared"  # shared: colocated on the trainer's GPUs (trainer.n_gpus_per_node x nnodes) | own: GPUs of its own
+    n_gpus_per_node: Optional[int] = None  # pool=own: GPUs per node of its pool (default trainer.n_gpus_per_node)
+    nnodes: Optional[int] = None  # pool=own: nodes of its pool (default trainer.nnodes)
+    adapter: Optional[Dict[str, Any]] = None  # reserved for a LoRA adapter per role (L1): not supported yet
+
+
+@dataclass
+class PettingLLMsConfig:
+    workflow: str = "mas"  # sa: one agent does everything | mas: every role of the env acts, in turn order
+    rollout_mode: str = "tree"  # tree: K branches per (turn, role) node | independent: plain episodes (rollout.n of them)
+    k: int = 4  # branches per tree node
+    alpha: float = 1.0  # mixed reward = alpha * team reward + role reward
+    env_kwargs: Dict[str, Any] = field(default_factory=dict)  # pettingllms_verl.envs.make(name, **env_kwargs)
+    roles: Dict[str, RoleConfig] = field(default_factory=dict)  # per role: policy and sampling overrides
+    policies: Dict[str, PolicyConfig] = field(default_factory=dict)  # name -> policy; empty: one policy "shared"
+    swap_policies: Optional[List[str]] = None  # two policy names: validation serves each one's roles with the other (metrics under swap/)
+    mini_batches_per_step: Optional[int] = None  # optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)
+    artifacts: Optional[str] = None  # where `make` puts models, data and checkpoints (recipes interpolate it)
+    batch_dump_dir: Optional[str] = None  # if set, each step's training rows are written there as JSONL
+    replay_poll_interval_s: Optional[float] = None  # how often verl's replay buffer polls for finished episodes (verl: 2 s)
+
+    def role(self, name: str) -> RoleConfig:
+        return self.roles.get(name) or RoleConfig()
+
+    def branches(self, validate: bool) -> int:
+        """K for a node: validation and independent rollouts never branch."""
+        return 1 if validate or self.rollout_mode == "independent" else self.k
+
+    def policy_table(self) -> dict[str, PolicyConfig]:
+        """policy name -> policy; L0 (none configured) is the table of one default policy."""
+        return dict(self.policies) or {DEFAULT_POLICY: PolicyConfig()}
+
+    def policy_of(self, role: str, swapped: bool = False) -> str:
+        """The policy that acts for ``role`` (with ``swapped``: under the swapped-policy switch)."""
+        table = self.policy_table()
+        name = self.role(role).policy
+        if name is None:
+            if len(table) > 1:
+                raise SettingsError(f"{SECTION}.roles.{role}.policy: not set, and there are several policies {sorted(table)}")
+            name = next(iter(table))
+        if swapped and self.swap_policies and name in self.swap_policies:
+            a, b = self.swap_policies
+            name = b if name == a else a
+        return name
+
+    def validate(self) -> None:
+        if self.workflow not in ("sa", "mas"):
+            raise SettingsError(f"{SECTION}.workflow: {self.workflow!r} is not 'sa' or 'mas'")
+        if self.rollout_mode not in ("tree", "independent"):
+            raise SettingsError(f"{SECTION}.rollout_mode: {self.rollout_mode!r} is not 'tree' or 'independent'")
+        if self.k < 1:
+            raise SettingsError(f"{SECTION}.k: {self.k} branches per node; need at least 1")
+        if self.mini_batches_per_step is not None and self.mini_batches_per_step < 1:
+            raise SettingsError(f"{SECTION}.mini_batches_per_step: {self.mini_batches_per_step}; need at least 1 (or null)")
+        table = self.policy_table()
+        for name, policy in table.items():
+            key = f"{SECTION}.policies.{name}"
+            if policy.pool not in ("shared", "own"):
+                raise SettingsError(f"{key}.pool: {policy.pool!r} is not 'shared' or 'own'")
+            if policy.pool == "shared" and (policy.n_gpus_per_node is not None or policy.nnodes is not None):
+                raise SettingsError(f"{key}.n_gpus_per_node: only for pool=own (a shared policy uses the trainer's GPUs)")
+            if policy.adapter is not None:
+                raise SettingsError(
+                    f"{key}.adapter: LoRA adapters per role (L1) are not supported yet; use a full model per policy"
+                )
+            unknown = set(policy.overrides) - {"model", "actor", "ref", "rollout"}
+            if unknown:
+                raise SettingsError(f"{key}.overrides: unknown sections {sorted(unknown)}; allowed: model, actor, ref, rollout")
+        for role, config in self.roles.items():
+            if config.policy is not None and config.policy not in table:
+                raise SettingsError(
+                    f"{SECTION}.roles.{role}.policy: unknown policy {config.policy!r}; defined: {sorted(table)} "
+                    f"(add it under {SECTION}.policies)"
+                )
+        if self.swap_policies is not None:
+            if len(self.swap_policies) != 2 or len(set(self.swap_policies)) != 2:
+                raise SettingsError(f"{SECTION}.swap_policies: {self.swap_policies}; give two different policy names")
+            missing = [name for name in self.swap_policies if name not in table]
+            if missing:
+                raise SettingsError(f"{SECTION}.swap_policies: unknown policies {missing}; defined: {sorted(table)}")
+
+    def check_roles(self, env_name: str, env_roles: tuple[str, ...], acting: tuple[str, ...]) -> None:
+        """Roles against the environment: ``env_roles`` it has, ``acting`` the workflow's turn order."""
+        for role in self.roles:
+            if role not in env_roles:
+                raise SettingsError(f"{SECTION}.roles.{role}: {env_name} has no role {role!r}; its roles: {list(env_roles)}")
+        used = {self.policy_of(role) for role in acting}
+        unused = sorted(set(self.policy_table()) - used)
+        if unused:
+            raise SettingsError(
+                f"{SECTION}.policies.{unused[0]}: no acting role uses it (acting roles of {env_name}: {list(acting)}); "
+                f"map a role to it under {SECTION}.roles or remove it"
+            )
+
+
+def load(section: Any) -> PettingLLMsConfig:
+    """The validated section (``None``: all defaults); ``SettingsError`` names the bad key."""
+    schema = OmegaConf.structured(PettingLLMsConfig)
+    try:
+        merged = OmegaConf.merge(schema, section if section is not None else {})
+        settings: PettingLLMsConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or ""
+        raise SettingsError(f"{SECTION}.{key}: {str(error).splitlines()[0]}") from None
+    settings.validate()
+    return settings
+
+
+def policy_config(config: DictConfig, name: str) -> DictConfig:
+    """The whole trainer config as policy ``name`` sees it: its ``overrides`` merged into
+    ``actor_rollout_ref`` and its name in ``rollout.custom.policy`` (rollout servers are named by it)."""
+    settings = load(config.get(SECTION))
+    policy = settings.policy_table()[name]
+    out = copy.deepcopy(config)
+    with open_dict(out):
+        out.actor_rollout_ref = OmegaConf.merge(out.actor_rollout_ref, policy.overrides)
+        out.actor_rollout_ref.rollout.custom = {**(out.actor_rollout_ref.rollout.get("custom") or {}), "policy": name}
+    return out
+
+
+def rollout_policy(rollout_config: Any) -> str:
+    """The policy a rollout config serves (``rollout.custom.policy``; the default policy if unset)."""
+    custom = rollout_config.get("custom") if isinstance(rollout_config, DictConfig) else getattr(rollout_config, "custom", None)
+    return str((custom or {}).get("policy") or DEFAULT_POLICY)

@@ -1,0 +1,62 @@
+"""Several policies in one run: the routing table's runtime side.
+
+A policy is one worker group (FSDP actor + its rollout replicas + their weight sync), built from
+the trainer config with the policy's ``overrides`` merged into ``actor_rollout_ref``. L0 is the
+table of one policy; L2 is one group per role's policy. The rollout knows only "role -> policy
+name": ``PolicyRouterClient`` turns the name into that policy's load balancer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+from verl.checkpoint_engine import CheckpointEngineManager
+from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
+
+
+@dataclass
+class PolicyGroup:
+    name: str
+    trainable: bool
+    config: DictConfig  # the whole trainer config as this policy sees it (config.policy_config)
+    worker_group: Any  # RayWorkerGroup of ActorRolloutRefWorker: old log-probs, updates, checkpoints
+    servers: LLMServerManager  # its rollout replicas and their load balancer
+    sync: CheckpointEngineManager  # pushes its actor's weights to its replicas
+    synced: bool = False  # a frozen policy is synced once (after loading a checkpoint), then never again
+
+
+class PolicyRouterClient(LLMServerClient):
+    """verl's LLM client, one per policy; ``generate(..., policy=name)`` goes to that policy's replicas."""
+
+    def __init__(self, config: DictConfig, clients: dict[str, LLMServerClient]):
+        super().__init__(config=config, load_balancer_handle=None)
+        self.clients = clients
+
+    async def generate(self, request_id, *, policy: str | None = None, **kwargs: Any):
+        # `policy` must not reach the server: verl forwards unknown kwargs to server.generate.
+        if policy is None and len(self.clients) == 1:
+            policy = next(iter(self.clients))
+        if policy not in self.clients:
+            raise KeyError(f"no policy {policy!r} in this run; policies: {sorted(self.clients)}")
+        return await self.clients[policy].generate(request_id, **kwargs)
+
+
+class MultiCheckpointManager:
+    """The trainer's weight-sync hooks over every policy: sleep all replicas; after a step, push
+    every trainable policy's weights to its replicas (frozen ones once, at start or resume)."""
+
+    def __init__(self, groups: list[PolicyGroup]):
+        self.groups = groups
+
+    def sleep_replicas(self) -> None:
+        for group in self.groups:
+            group.sync.sleep_replicas()
+
+    def update_weights(self, global_steps: int | None = None) -> dict:
+        for group in self.groups:
+            if group.trainable or not group.synced:
+                group.sync.update_weights(global_steps)
+                group.synced = True
+        return {}
