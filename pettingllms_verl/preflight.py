@@ -109,7 +109,7 @@ def _train_env(config: DictConfig) -> str | None:
     from pettingllms_verl.data.rows import row_task
 
     table = pq.ParquetFile(os.path.expanduser(path))
-    if "extra_info" not in table.schema.names or not table.metadata.num_rows:
+    if "extra_info" not in table.schema_arrow.names or not table.metadata.num_rows:
         return None
     return row_task(table.read_row_group(0, columns=["extra_info"]).column(0)[0].as_py())[0]
 
@@ -142,6 +142,13 @@ def _check_policies(config: DictConfig) -> None:
                 )
         if policy.pool == "own" and (policy.n_gpus_per_node == 0 or policy.nnodes == 0):
             raise ConfigError(f"{key}.n_gpus_per_node", "a pool of its own with no GPU", "give it at least one GPU, or pool: shared")
+    if len(table) > 1 and _select(config, "actor_rollout_ref.rollout.name") == "vllm":
+        raise ConfigError(
+            "actor_rollout_ref.rollout.name",
+            "vllm with several policies: verl 0.9.1 names vLLM server actors by replica rank only, so a second "
+            "policy's replicas would collide",
+            "use actor_rollout_ref.rollout.name=hf for a model per role (L2)",
+        )
     if len(table) > 1 and _select(config, "trainer.v1.trainer_mode") != "mas_sync":
         raise ConfigError("trainer.v1.trainer_mode", f"{len(table)} policies need the multi-policy trainer", "set trainer.v1.trainer_mode=mas_sync")
 

@@ -121,3 +121,65 @@ def test_main_ppo_reports_missing_dataset_in_driver_without_starting_ray(tmp_pat
     assert result.returncode == 2
     assert f"data.train_files: dataset file not found: {missing}" in result.stderr
     assert "Traceback" not in result.stderr and "ray init" not in result.stdout
+
+
+@pytest.fixture(scope="module")
+def plan_path_rows(tmp_path_factory):
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+
+    path = tmp_path_factory.mktemp("rows") / "train.parquet"
+    write_parquet(generate_splits("plan_path", {"train": 2}, {"size": 4})["train"], str(path))
+    return str(path)
+
+
+def two_policies(tmp_path, rows, **overrides):
+    """A valid L2 config on Plan-Path rows: tool and plan, each its own policy."""
+    base = {
+        "data.train_files": rows,
+        "trainer.v1.trainer_mode": "mas_sync",
+        "pettingllms.policies.a.trainable": "true",
+        "pettingllms.policies.b.trainable": "false",
+        "pettingllms.roles.tool.policy": "a",
+        "pettingllms.roles.plan.policy": "b",
+    }
+    return config(tmp_path, **{**base, **overrides})
+
+
+def test_two_policies_pass(tmp_path, plan_path_rows):
+    check(two_policies(tmp_path, plan_path_rows))
+
+
+@pytest.mark.parametrize(
+    "overrides, key, problem",
+    [
+        ({"pettingllms.roles.plan.policy": "c"}, "pettingllms.roles.plan.policy", "unknown policy 'c'"),
+        ({"pettingllms.roles.coder.policy": "a"}, "pettingllms.roles.coder", "plan_path has no role 'coder'"),
+        ({"pettingllms.roles.plan.policy": "a"}, "pettingllms.policies.b", "no acting role uses it"),
+        ({"pettingllms.policies.b.overrides.model.path": "/nonexistent/model"},
+         "pettingllms.policies.b.overrides.model.path", "model directory not found"),
+        ({"pettingllms.policies.b.pool": "own", "pettingllms.policies.b.n_gpus_per_node": 2},
+         "ray_kwargs.ray_init.num_gpus", "1 Ray GPU slots for 3 ranks"),
+        ({"pettingllms.policies.b.pool": "own", "pettingllms.policies.b.n_gpus_per_node": 0},
+         "pettingllms.policies.b.n_gpus_per_node", "no GPU"),
+        ({"actor_rollout_ref.rollout.name": "vllm"}, "actor_rollout_ref.rollout.name", "vllm with several policies"),
+        ({"trainer.v1.trainer_mode": "sync"}, "trainer.v1.trainer_mode", "2 policies need the multi-policy trainer"),
+        ({"pettingllms.policies.a.adapter.rank": 8}, "pettingllms.policies.a.adapter", "not supported yet"),
+        ({"pettingllms.swap_policies": "[a,c]"}, "pettingllms.swap_policies", "unknown policies ['c']"),
+    ],
+)
+def test_bad_policy_config_names_the_key(tmp_path, plan_path_rows, overrides, key, problem):
+    with pytest.raises(ConfigError) as error:
+        check(two_policies(tmp_path, plan_path_rows, **overrides))
+    assert error.value.key == key and problem in str(error.value), str(error.value)
+
+
+def test_policies_with_another_tokenizer_are_refused(tmp_path, plan_path_rows, tiny_model_dir):
+    from pettingllms_verl.models.tiny import build
+
+    other = build(str(tmp_path / "other_tokenizer"), seed=1)  # another seed: another BPE vocabulary
+    same = {"pettingllms.policies.b.overrides.model.path": tiny_model_dir, "actor_rollout_ref.model.path": tiny_model_dir}
+    check(two_policies(tmp_path, plan_path_rows, **same))
+    with pytest.raises(ConfigError, match="has another tokenizer") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{**same, "pettingllms.policies.b.overrides.model.path": other}))
+    assert error.value.key == "pettingllms.policies.b.overrides.model.path"
