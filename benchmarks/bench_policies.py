@@ -1,0 +1,106 @@
+"""Step time and peak memory of one shared policy (L0) vs a full model per role (L2).
+
+Runs Plan-Path MAS AT-GRPO through ``python -m verl.trainer.main_ppo`` for a few steps per
+configuration (``plan_path_mas_atgrpo_cpu`` for L0, ``plan_path_mas_full_cpu`` for L2 with two
+models), on the warm-started tiny model and on a random ~100M-parameter model with the same
+tokenizer. While a run goes, the resident memory of its Ray processes is sampled every 0.5 s and
+summed per kind: trainer workers (``WorkerDict``: FSDP actor, optimizer) and rollout servers
+(``HFRolloutServer``). Step time is the mean ``timing_s/step`` of the run's steps after the first.
+
+    python benchmarks/bench_policies.py [--steps 3] [--models tiny,100m] [--out benchmarks/results/policies.json]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = {"L0": "plan_path_mas_atgrpo_cpu", "L2 (2 models)": "plan_path_mas_full_cpu"}
+KINDS = {"trainer": "WorkerDict", "rollout": "HFRolloutServer"}
+# ~100M parameters: 12 layers of hidden 768 (head_dim 64), MLP 2048, the tiny tokenizer's 1024 tokens
+MODEL_100M = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12, intermediate_size=2048)
+
+
+def prepare(root: str, models: list[str]) -> dict[str, str]:
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+    from pettingllms_verl.models.tiny import build, warm_start
+
+    for split, rows in generate_splits("plan_path", {"train": 64, "test": 4}, {"size": 6}, log=lambda _: None).items():
+        write_parquet(rows, os.path.join(root, "data", "plan_path_6x6", f"{split}.parquet"))
+    paths = {}
+    if "tiny" in models:
+        paths["tiny"] = os.path.join(root, "tiny_model_plan_path")
+        warm_start(build(paths["tiny"], seed=0), "plan_path", seed=0)
+    if "100m" in models:
+        paths["100m"] = build(os.path.join(root, "model_100m"), seed=0, **MODEL_100M)
+    return paths
+
+
+def peak_memory(stop: threading.Event, peaks: dict[str, float]) -> None:
+    """Peak of the summed RSS (GiB) of each kind of Ray process, sampled until ``stop``."""
+    while not stop.is_set():
+        totals = dict.fromkeys(KINDS, 0.0)
+        for proc in psutil.process_iter(["cmdline", "memory_info"]):
+            command = " ".join(proc.info["cmdline"] or [])
+            for kind, marker in KINDS.items():
+                if command.startswith("ray::") and marker in command and proc.info["memory_info"]:
+                    totals[kind] += proc.info["memory_info"].rss / 2**30
+        for kind, value in totals.items():
+            peaks[kind] = max(peaks.get(kind, 0.0), value)
+        stop.wait(0.5)
+
+
+def run(root: str, recipe: str, model: str, steps: int) -> dict:
+    log = os.path.join(root, f"{recipe}_{os.path.basename(model)}.jsonl")
+    command = [
+        sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"),
+        "--config-name", recipe, f"trainer.total_training_steps={steps}", f"actor_rollout_ref.model.path={model}",
+        "trainer.save_freq=-1", "trainer.resume_mode=disable",
+    ]
+    peaks: dict[str, float] = {}
+    stop = threading.Event()
+    sampler = threading.Thread(target=peak_memory, args=(stop, peaks), daemon=True)
+    sampler.start()
+    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": root, "VERL_FILE_LOGGER_PATH": log, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+    stop.set()
+    sampler.join()
+    if result.returncode != 0:
+        sys.exit(f"{recipe} on {model} failed:\n{result.stderr[-3000:]}")
+    step_times = [json.loads(line)["data"]["timing_s/step"] for line in open(log)][1:]
+    return {"step_s": sum(step_times) / len(step_times), **{f"{kind}_gib": peaks.get(kind, 0.0) for kind in KINDS}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=3, help="training steps per run (the first is not timed)")
+    parser.add_argument("--models", default="tiny,100m", help="comma-separated: tiny, 100m")
+    parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "policies.json"))
+    args = parser.parse_args()
+    root = tempfile.mkdtemp(prefix="bench_policies_")
+    models = prepare(root, args.models.split(","))
+    rows = []
+    print(f"{'model':<6} {'mode':<14} {'step s':>8} {'trainer GiB':>12} {'rollout GiB':>12}", flush=True)
+    for model_name, path in models.items():
+        for mode, recipe in MODES.items():
+            figures = {"model": model_name, "mode": mode, **run(root, recipe, path, args.steps)}
+            rows.append(figures)
+            print(f"{model_name:<6} {mode:<14} {figures['step_s']:>8.2f} {figures['trainer_gib']:>12.2f} {figures['rollout_gib']:>12.2f}", flush=True)
+        l0, l2 = rows[-2], rows[-1]
+        print(f"{model_name:<6} {'L2 / L0':<14} {l2['step_s'] / l0['step_s']:>8.2f}x", flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

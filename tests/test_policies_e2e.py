@@ -1,0 +1,166 @@
+"""A model per role (L2) end to end through `python -m verl.trainer.main_ppo` on CPU: routing,
+per-policy updates, frozen policies, fixed optimizer steps, checkpoints and kill-and-resume,
+checked on what the run served, trained and saved."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import pytest
+import torch
+
+from test_mas_e2e import RECIPES, dumped_rows, run_recipe
+
+pytestmark = pytest.mark.slow
+POLICY_OF = {"tool": "tool_policy", "plan": "plan_policy"}  # plan_path_mas_full_cpu
+K_MINI_BATCHES = 2  # its pettingllms.mini_batches_per_step
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+    from pettingllms_verl.models.tiny import build, warm_start
+
+    root = tmp_path_factory.mktemp("policies")
+    warm_start(build(str(root / "tiny_model_plan_path"), seed=0), "plan_path", seed=0)
+    build(str(root / "tiny_model"), seed=0)
+    for split, rows in generate_splits("plan_path", {"train": 32, "test": 4}, {"size": 6}).items():
+        write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
+    for split, rows in generate_splits("tictactoe", {"train": 16, "test": 4}, {"first": "random", "opponent": "random"}).items():
+        write_parquet(rows, str(root / "data" / "tictactoe_random" / f"{split}.parquet"))
+    return root
+
+
+def saved_policy(step_dir, policy: str) -> tuple[dict[str, torch.Tensor], set[int]]:
+    """A policy's saved parameters and the Adam step counts of its optimizer state."""
+    folder = step_dir / "policies" / policy
+    model = torch.load(folder / "model_world_size_1_rank_0.pt", weights_only=False)
+    optim = torch.load(folder / "optim_world_size_1_rank_0.pt", weights_only=False)
+    params = {name: (t.to_local() if hasattr(t, "to_local") else t) for name, t in model.items()}
+    return params, {int(state["step"]) for state in optim["state"].values()}
+
+
+def initial_params(model_dir) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).state_dict()
+
+
+def same_params(saved: dict, reference: dict) -> bool:
+    return all(torch.equal(saved[name], reference[name]) for name in saved)
+
+
+@pytest.fixture(scope="module")
+def l2_run(artifacts):
+    dump = artifacts / "l2_batches"
+    metrics = run_recipe(artifacts, "plan_path_mas_full_cpu", f"+pettingllms.batch_dump_dir={dump}")
+    return metrics, dumped_rows(dump)
+
+
+def test_l2_runs_three_steps_with_metrics_per_policy(l2_run):
+    metrics, _ = l2_run
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        data = m["data"]
+        for policy in POLICY_OF.values():
+            assert data[f"policy/{policy}/rows"] > 0
+            for key in ("reward_mean", "actor/grad_norm", "actor/pg_loss", "actor/lr"):
+                assert f"policy/{policy}/{key}" in data, (policy, key)
+            # each policy's replicas sampled from its own actor's current weights (fp32 both sides)
+            assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
+        assert "mas/success" in data and "at_grpo/num_groups" in data
+
+
+def test_every_request_was_served_by_its_roles_policy(l2_run):
+    _, rows = l2_run
+    assert {row["mas_role"] for row in rows} == set(POLICY_OF)
+    for row in rows:
+        # mas_served_by is the policy name each answering server stamped on its reply
+        assert row["mas_policy"] == POLICY_OF[row["mas_role"]]
+        assert row["mas_served_by"] == [row["mas_policy"]]
+    policies_of_group = defaultdict(set)
+    for row in rows:
+        policies_of_group[row["group"]].add(row["mas_policy"])
+    assert all(len(policies) == 1 for policies in policies_of_group.values())
+
+
+def test_each_policy_is_checkpointed_with_a_fixed_number_of_optimizer_steps(l2_run, artifacts):
+    checkpoints = artifacts / "checkpoints" / "plan_path_mas_full_cpu"
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "3"
+    start = initial_params(artifacts / "tiny_model_plan_path")
+    for policy in POLICY_OF.values():
+        params, adam_steps = saved_policy(checkpoints / "global_step_3", policy)
+        # mini_batches_per_step=2: exactly 2 Adam steps per training step, whatever the rows
+        assert adam_steps == {3 * K_MINI_BATCHES}
+        assert not same_params(params, start)
+    tool, _ = saved_policy(checkpoints / "global_step_3", "tool_policy")
+    plan, _ = saved_policy(checkpoints / "global_step_3", "plan_policy")
+    assert not same_params(tool, plan)  # two models, trained apart
+
+
+def test_sigkill_mid_step_then_resume_continues_every_policy(l2_run, artifacts):
+    """After the 3-step run: train to step 5, SIGKILL the driver (and its Ray processes) once step 4
+    is checkpointed, resume. The step count continues and every policy's optimizer state was
+    restored (its Adam step count continues from the checkpoint instead of restarting)."""
+    checkpoints = artifacts / "checkpoints" / "plan_path_mas_full_cpu"
+    tracker = checkpoints / "latest_checkpointed_iteration.txt"
+    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(artifacts / "killed.jsonl")}
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES,
+               "--config-name", "plan_path_mas_full_cpu", "trainer.total_training_steps=5"]
+    driver = subprocess.Popen(command, cwd=artifacts, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 900
+    while tracker.read_text() != "4":
+        assert driver.poll() is None and time.monotonic() < deadline, "the run ended before step 4 was saved"
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)  # mid step 5 (or in its first moments)
+    driver.wait()
+    assert tracker.read_text() == "4"
+
+    metrics = run_recipe(artifacts, "plan_path_mas_full_cpu", "trainer.total_training_steps=5")
+    resumed = [m for m in metrics if m["step"] == 5]
+    assert len(resumed) == 1 and [m["step"] for m in metrics][-1] == 5
+    assert tracker.read_text() == "5"
+    for policy in POLICY_OF.values():
+        assert resumed[0]["data"][f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5  # loaded weights synced
+        _, adam_steps = saved_policy(checkpoints / "global_step_5", policy)
+        assert adam_steps == {5 * K_MINI_BATCHES}
+
+
+def test_a_policy_changes_only_through_its_own_rows(artifacts):
+    """Greedy tool replies: every tool group ties, so all of tool_policy's rows have zero advantage.
+    With no weight decay the step must leave tool_policy bit-identical while plan_policy changes."""
+    dump = artifacts / "isolation_batches"
+    run_recipe(
+        artifacts, "plan_path_mas_full_cpu", "trainer.total_training_steps=1", "trainer.experiment_name=isolation",
+        "+pettingllms.roles.tool.sampling.temperature=0", "actor_rollout_ref.actor.optim.weight_decay=0",
+        f"+pettingllms.batch_dump_dir={dump}",
+    )
+    rows = dumped_rows(dump)
+    assert all(row["advantage"] == 0.0 for row in rows if row["mas_role"] == "tool")
+    assert any(row["advantage"] != 0.0 for row in rows if row["mas_role"] == "plan")
+    step = artifacts / "checkpoints" / "isolation" / "global_step_1"
+    start = initial_params(artifacts / "tiny_model_plan_path")
+    assert same_params(saved_policy(step, "tool_policy")[0], start)
+    assert not same_params(saved_policy(step, "plan_policy")[0], start)
+
+
+def test_tictactoe_one_learner_per_player_with_a_frozen_opponent(artifacts):
+    dump = artifacts / "tictactoe_batches"
+    metrics = run_recipe(
+        artifacts, "tictactoe_mas_full_cpu", "trainer.total_training_steps=1",
+        "+pettingllms.policies.player_o.trainable=false", f"+pettingllms.batch_dump_dir={dump}",
+    )
+    data = metrics[0]["data"]
+    assert data["policy/player_x/rows"] > 0 and data["policy/player_o/rows"] > 0
+    assert "policy/player_x/actor/grad_norm" in data and "policy/player_o/actor/grad_norm" not in data  # never updated
+    assert {(row["mas_role"], row["mas_policy"]) for row in dumped_rows(dump)} == {("x", "player_x"), ("o", "player_o")}
+    step = artifacts / "checkpoints" / "tictactoe_mas_full_cpu" / "global_step_1"
+    start = initial_params(artifacts / "tiny_model")
+    assert same_params(saved_policy(step, "player_o")[0], start)  # frozen: saved weights = initial ones
+    assert not same_params(saved_policy(step, "player_x")[0], start)
