@@ -142,3 +142,47 @@ def test_bad_settings_name_the_key(section, message):
 
     with pytest.raises(SettingsError, match=message):
         load(OmegaConf.create(section))
+
+
+def test_roles_route_to_their_policies_and_the_swap_exchanges_two():
+    from omegaconf import OmegaConf
+
+    settings = load(OmegaConf.create({
+        "policies": {"a": {}, "b": {}, "c": {}},
+        "roles": {"tool": {"policy": "a"}, "plan": {"policy": "b"}, "judge": {"policy": "c"}},
+        "swap_policies": ["a", "b"],
+    }))
+    assert [settings.policy_of(r) for r in ("tool", "plan", "judge")] == ["a", "b", "c"]
+    assert [settings.policy_of(r, swapped=True) for r in ("tool", "plan", "judge")] == ["b", "a", "c"]
+    assert load(None).policy_of("anything") == "shared"  # L0: the table of one policy
+    with pytest.raises(SettingsError, match="pettingllms.roles.tool.policy: not set"):
+        load(OmegaConf.create({"policies": {"a": {}, "b": {}}})).policy_of("tool")
+
+
+def test_router_sends_each_request_to_its_policy_and_never_forwards_the_name():
+    import asyncio
+
+    from pettingllms_verl.trainer.policies import PolicyRouterClient
+
+    class Recorder:
+        def __init__(self, name):
+            self.name, self.calls = name, []
+
+        async def generate(self, request_id, **kwargs):
+            self.calls.append((request_id, kwargs))
+            return self.name
+
+    clients = {"a": Recorder("a"), "b": Recorder("b")}
+    router = PolicyRouterClient(config=None, clients=clients)
+    assert asyncio.run(router.generate("r1", policy="b", prompt_ids=[1])) == "b"
+    assert clients["b"].calls == [("r1", {"prompt_ids": [1]})] and clients["a"].calls == []
+    with pytest.raises(KeyError, match="no policy 'c'"):
+        asyncio.run(router.generate("r2", policy="c", prompt_ids=[1]))
+
+
+def test_an_advantage_group_spanning_two_policies_is_refused():
+    from pettingllms_verl.trainer.mas_trainer import check_groups_within_policies
+
+    check_groups_within_policies(["g1", "g1", "g2"], ["a", "a", "b"])
+    with pytest.raises(AssertionError, match="spans policies 'a' and 'b'"):
+        check_groups_within_policies(["g1", "g1"], ["a", "b"])

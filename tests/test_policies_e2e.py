@@ -164,3 +164,19 @@ def test_tictactoe_one_learner_per_player_with_a_frozen_opponent(artifacts):
     start = initial_params(artifacts / "tiny_model")
     assert same_params(saved_policy(step, "player_o")[0], start)  # frozen: saved weights = initial ones
     assert not same_params(saved_policy(step, "player_x")[0], start)
+
+
+def test_swapped_policy_evaluation_of_a_checkpoint(l2_run, artifacts):
+    """The switch: validation only, on the trained checkpoint, each role served by the other's policy."""
+    log = artifacts / "swapped.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "plan_path_mas_full_cpu",
+         "trainer.val_only=true", "trainer.val_before_train=true", "+pettingllms.swap_policies=[tool_policy,plan_policy]"],
+        capture_output=True, text=True, timeout=900, cwd=artifacts,
+        env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(log)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mas_sync: resuming ['plan_policy', 'tool_policy']" in result.stdout + result.stderr
+    (line,) = [json.loads(line) for line in open(log)]
+    assert any(key.startswith("swap/val-core/") for key in line["data"])
+    assert not any(key.startswith("val-") for key in line["data"])
