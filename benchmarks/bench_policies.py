@@ -2,7 +2,7 @@
 
 Runs Plan-Path MAS AT-GRPO through ``python -m verl.trainer.main_ppo`` for a few steps per
 configuration (``plan_path_mas_atgrpo_cpu`` for L0, ``plan_path_mas_full_cpu`` for L2 with two
-models), on the warm-started tiny model and on a random ~100M-parameter model with the same
+models; both with 2 optimizer steps per policy per training step), on the warm-started tiny model and on a random ~100M-parameter model with the same
 tokenizer. While a run goes, the resident memory of its Ray processes is sampled every 0.5 s and
 summed per kind: trainer workers (``WorkerDict``: FSDP actor, optimizer) and rollout servers
 (``HFRolloutServer``). Step time is the mean ``timing_s/step`` of the run's steps after the first.
@@ -64,6 +64,7 @@ def run(root: str, recipe: str, model: str, steps: int) -> dict:
         sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"),
         "--config-name", recipe, f"trainer.total_training_steps={steps}", f"actor_rollout_ref.model.path={model}",
         "trainer.save_freq=-1", "trainer.resume_mode=disable",
+        "++pettingllms.mini_batches_per_step=2",  # the same optimizer work per policy in both modes
     ]
     peaks: dict[str, float] = {}
     stop = threading.Event()

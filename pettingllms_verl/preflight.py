@@ -98,8 +98,8 @@ def _check_model_path(key: str, model_path: Any) -> None:
             )
 
 
-def _train_env(config: DictConfig) -> str | None:
-    """The environment of the training rows (first row of data.train_files), if it can be read."""
+def _train_env(config: DictConfig) -> tuple[str, int, dict] | None:
+    """(env name, seed, task) of the first training row (data.train_files), if it is an episode row."""
     files = _select(config, "data.train_files")
     path = files if isinstance(files, str) else (list(files)[0] if files else None)
     if not path or not str(path).endswith(".parquet") or not os.path.getsize(os.path.expanduser(path)):
@@ -111,7 +111,8 @@ def _train_env(config: DictConfig) -> str | None:
     table = pq.ParquetFile(os.path.expanduser(path))
     if "extra_info" not in table.schema_arrow.names or not table.metadata.num_rows:
         return None
-    return row_task(table.read_row_group(0, columns=["extra_info"]).column(0)[0].as_py())[0]
+    extra_info = table.read_row_group(0, columns=["extra_info"]).column(0)[0].as_py()
+    return row_task(extra_info) if isinstance(extra_info, dict) and "env" in extra_info else None
 
 
 def _check_policies(config: DictConfig) -> None:
@@ -122,9 +123,11 @@ def _check_policies(config: DictConfig) -> None:
     try:
         settings = load(config.pettingllms)
         table = settings.policy_table()
-        env_name = _train_env(config)
-        if env_name is not None:
+        row = _train_env(config)
+        if row is not None:
+            env_name, seed, task = row
             env = envs.make(env_name, **settings.env_kwargs)
+            env.reset(seed=seed, task=task)  # some envs' workflow depends on the task (who starts, deck size)
             settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
     except SettingsError as error:
         key, _, problem = str(error).partition(": ")
