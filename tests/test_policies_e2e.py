@@ -134,13 +134,16 @@ def test_sigkill_mid_step_then_resume_continues_every_policy(l2_run, artifacts):
 
 def test_a_policy_changes_only_through_its_own_rows(artifacts):
     """Greedy tool replies: every tool group ties, so all of tool_policy's rows have zero advantage.
-    With no weight decay the step must leave tool_policy bit-identical while plan_policy changes."""
+    With no weight decay the step must leave tool_policy bit-identical while plan_policy changes.
+    plan_policy runs on a pool of its own here (one more Ray "GPU" slot on CPU)."""
     dump = artifacts / "isolation_batches"
-    run_recipe(
+    metrics = run_recipe(
         artifacts, "plan_path_mas_full_cpu", "trainer.total_training_steps=1", "trainer.experiment_name=isolation",
         "+pettingllms.roles.tool.sampling.temperature=0", "actor_rollout_ref.actor.optim.weight_decay=0",
-        f"+pettingllms.batch_dump_dir={dump}",
+        "+pettingllms.policies.plan_policy.pool=own", "+pettingllms.policies.plan_policy.n_gpus_per_node=1",
+        "ray_kwargs.ray_init.num_gpus=2", f"+pettingllms.batch_dump_dir={dump}",
     )
+    assert metrics[-1]["data"]["policy/plan_policy/training/rollout_probs_diff_mean"] < 1e-5
     rows = dumped_rows(dump)
     assert all(row["advantage"] == 0.0 for row in rows if row["mas_role"] == "tool")
     assert any(row["advantage"] != 0.0 for row in rows if row["mas_role"] == "plan")

@@ -35,6 +35,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.llm_server import LLMServerManager
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
@@ -273,6 +274,9 @@ class MASTrainer(PPOTrainerSync):
         real = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
         rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"])
         tags = [dict(t) for t in rows["extra_fields"]]
+        if self.config.algorithm.adv_estimator == AT_GRPO:
+            self._own_rewards_and_groups(batch, real, rows["rm_scores"], tags)
+            rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
         index = np.array(list(rows["uid"]), dtype=object)
         scores = torch.stack([s.sum() for s in rows["rm_scores"].unbind(0)])
         check_groups_within_policies(index, [t["mas_policy"] for t in tags])
@@ -288,6 +292,18 @@ class MASTrainer(PPOTrainerSync):
         if self.settings.batch_dump_dir:
             self._dump_batch(self.settings.batch_dump_dir, batch, real, index, scores, tags)
         return batch
+
+    @staticmethod
+    def _own_rewards_and_groups(batch, keys: list[str], rm_scores, tags: list[dict]) -> None:
+        """AT-GRPO rows: each keeps its own reward (verl's agent-loop worker copied the episode's
+        last one onto every row) and is grouped by its (problem, turn, role, node) key, not by
+        the problem's uid."""
+        fields = []
+        for scores, tag in zip(rm_scores.unbind(0), tags):
+            own = torch.zeros_like(scores)
+            own[-1] = tag["mas_reward"]  # verl's layout: the reward sits on the response's last token
+            fields.append({"rm_scores": own, "uid": tag["mas_group"]})
+        tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(fields))
 
     def _dump_batch(self, dump_dir: str, batch, keys: list[str], index, scores: torch.Tensor, tags: list[dict]) -> None:
         """One JSON line per training row of this step, as the advantage step saw it."""
