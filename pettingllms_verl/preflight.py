@@ -156,6 +156,50 @@ def _check_policies(config: DictConfig) -> None:
         raise ConfigError("trainer.v1.trainer_mode", f"{len(table)} policies need the multi-policy trainer", "set trainer.v1.trainer_mode=mas_sync")
 
 
+MAS_MANAGER = "pettingllms_verl.rollout.worker.MASAgentLoopManager"
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _check_agreement(config: DictConfig) -> None:
+    """Settings that each look fine but disagree with another one (silently wrong training)."""
+    mas = _select(config, "trainer.v1.trainer_mode") == "mas_sync"
+    if _select(config, "algorithm.adv_estimator") == "at_grpo" and not mas:
+        raise ConfigError(
+            "algorithm.adv_estimator", "at_grpo outside the mas_sync trainer would train every row on its "
+            "episode's final reward, grouped by problem", "set trainer.v1.trainer_mode=mas_sync",
+        )
+    if mas:
+        manager = _select(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class")
+        if manager != MAS_MANAGER:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.agent.agent_loop_manager_class", f"{manager!r}: the mas_sync trainer needs "
+                "the multi-agent manager (validation episodes are told apart from training ones there)",
+                f"set it to {MAS_MANAGER}",
+            )
+        n = int(_select(config, "actor_rollout_ref.rollout.n") or 1)
+        if _select(config, "pettingllms.rollout_mode") in (None, "tree") and n > 1:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.n", f"{n} with tree sampling: each of the n copies of a problem grows its "
+                "own tree, splitting identical root prompts into n groups", "set actor_rollout_ref.rollout.n=1 "
+                "(pettingllms.k sets the branches) or pettingllms.rollout_mode=independent",
+            )
+        if _select(config, "reward.reward_model.enable"):
+            raise ConfigError(
+                "reward.reward_model.enable", "a reward model would overwrite the environments' per-sample rewards",
+                "set reward.reward_model.enable=false (the environments score every reply)",
+            )
+    if _select(config, "actor_rollout_ref.rollout.name") == "vllm" and not _vllm_installed():
+        raise ConfigError(
+            "actor_rollout_ref.rollout.name", "vllm is not installed here",
+            "install vLLM (GPU machines: pip install vllm), or set actor_rollout_ref.rollout.name=hf",
+        )
+
+
 def _tokenizer_vocab(path: str) -> dict | None:
     """A tokenizer's vocabulary and special tokens (None where it cannot be loaded here)."""
     from transformers import AutoTokenizer
@@ -199,6 +243,7 @@ def check(config: DictConfig) -> None:
         _check_policies(config)
     for key, names in _registered_names().items():
         _check_registered(config, key, names)
+    _check_agreement(config)
     if _select(config, "actor_rollout_ref.rollout.name") == "hf":
         for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
             size = _select(config, f"actor_rollout_ref.rollout.{key}")

@@ -55,10 +55,9 @@ def test_too_few_ray_gpu_slots_for_trainer_ranks(tmp_path):
                   ("trainer.v1.trainer_mode", "mas-sync")],
 )
 def test_unknown_registry_name_lists_the_registered_ones(tmp_path, key, typo):
-    check(config(tmp_path, **{key: {"actor_rollout_ref.rollout.name": "hf", "algorithm.adv_estimator": "at_grpo",
-                                    "trainer.v1.trainer_mode": "mas_sync"}[key]}))
+    check(mas_config(tmp_path))
     with pytest.raises(ConfigError, match=f"unknown name '{typo}'") as error:
-        check(config(tmp_path, **{key: typo}))
+        check(mas_config(tmp_path, **{key: typo}))
     assert error.value.key == key and "use one of:" in str(error.value)
 
 
@@ -137,13 +136,12 @@ def two_policies(tmp_path, rows, **overrides):
     """A valid L2 config on Plan-Path rows: tool and plan, each its own policy."""
     base = {
         "data.train_files": rows,
-        "trainer.v1.trainer_mode": "mas_sync",
         "pettingllms.policies.a.trainable": "true",
         "pettingllms.policies.b.trainable": "false",
         "pettingllms.roles.tool.policy": "a",
         "pettingllms.roles.plan.policy": "b",
     }
-    return config(tmp_path, **{**base, **overrides})
+    return mas_config(tmp_path, **{**base, **overrides})
 
 
 def test_two_policies_pass(tmp_path, plan_path_rows):
@@ -163,7 +161,8 @@ def test_two_policies_pass(tmp_path, plan_path_rows):
         ({"pettingllms.policies.b.pool": "own", "pettingllms.policies.b.n_gpus_per_node": 0},
          "pettingllms.policies.b.n_gpus_per_node", "no GPU"),
         ({"actor_rollout_ref.rollout.name": "vllm"}, "actor_rollout_ref.rollout.name", "vllm with several policies"),
-        ({"trainer.v1.trainer_mode": "sync"}, "trainer.v1.trainer_mode", "2 policies need the multi-policy trainer"),
+        ({"trainer.v1.trainer_mode": "sync", "algorithm.adv_estimator": "grpo"}, "trainer.v1.trainer_mode",
+         "2 policies need the multi-policy trainer"),
         ({"pettingllms.policies.a.adapter.rank": 8}, "pettingllms.policies.a.adapter", "not supported yet"),
         ({"pettingllms.swap_policies": "[a,c]"}, "pettingllms.swap_policies", "unknown policies ['c']"),
     ],
@@ -183,3 +182,44 @@ def test_policies_with_another_tokenizer_are_refused(tmp_path, plan_path_rows, t
     with pytest.raises(ConfigError, match="has another tokenizer") as error:
         check(two_policies(tmp_path, plan_path_rows, **{**same, "pettingllms.policies.b.overrides.model.path": other}))
     assert error.value.key == "pettingllms.policies.b.overrides.model.path"
+
+
+def mas_config(tmp_path, **overrides):
+    """A valid multi-agent config: the mas_sync trainer, its manager, a tree with rollout.n=1."""
+    base = {
+        "trainer.v1.trainer_mode": "mas_sync",
+        "algorithm.adv_estimator": "at_grpo",
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "pettingllms_verl.rollout.worker.MASAgentLoopManager",
+        "actor_rollout_ref.rollout.n": 1,
+        "pettingllms.rollout_mode": "tree",
+    }
+    return config(tmp_path, **{**base, **overrides})
+
+
+@pytest.mark.parametrize(
+    "overrides, key, problem",
+    [
+        ({"trainer.v1.trainer_mode": "sync"}, "algorithm.adv_estimator", "outside the mas_sync trainer"),
+        ({"actor_rollout_ref.rollout.agent.agent_loop_manager_class": "null"},
+         "actor_rollout_ref.rollout.agent.agent_loop_manager_class", "needs the multi-agent manager"),
+        ({"actor_rollout_ref.rollout.n": 4}, "actor_rollout_ref.rollout.n", "splitting identical root prompts"),
+        ({"reward.reward_model.enable": "true"}, "reward.reward_model.enable", "overwrite the environments"),
+    ],
+)
+def test_settings_that_disagree_are_refused(tmp_path, overrides, key, problem):
+    check(mas_config(tmp_path))
+    with pytest.raises(ConfigError) as error:
+        check(mas_config(tmp_path, **overrides))
+    assert error.value.key == key and problem in str(error.value), str(error.value)
+
+
+def test_independent_episodes_may_use_rollout_n(tmp_path):
+    check(mas_config(tmp_path, **{"actor_rollout_ref.rollout.n": 4, "pettingllms.rollout_mode": "independent",
+                                  "algorithm.adv_estimator": "grpo"}))
+
+
+def test_vllm_must_be_installed(tmp_path, monkeypatch):
+    monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: False)
+    with pytest.raises(ConfigError, match="vllm is not installed here") as error:
+        check(config(tmp_path, **{"actor_rollout_ref.rollout.name": "vllm"}))
+    assert error.value.key == "actor_rollout_ref.rollout.name"

@@ -389,11 +389,12 @@ def _game_prompts(env, workflow, episodes: int) -> list:
 
 
 @pytest.mark.parametrize("name", RECIPES)
-def test_passes_preflight_once_its_model_and_data_exist(name, recipe, datasets, tmp_path):
+def test_passes_preflight_once_its_model_and_data_exist(name, recipe, datasets, tmp_path, monkeypatch):
     """Every registry name, the pettingllms section, the Ray slots and the data paths (written by the
     data_prep command the recipe documents) pass the driver's checks; a local dir stands in for the model."""
     from pettingllms_verl.preflight import check
 
+    monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: True)  # GPU recipes, checked on CPU
     cfg = recipe(name)[0].copy()
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(tmp_path)
