@@ -133,3 +133,90 @@ def test_bf16_on_cuda_log_probs_track_a_bf16_forward(tiny_model_dir, tokenizer, 
     for prompt, out in zip(prompts, engine.generate(prompts, [SamplingSpec(max_tokens=12, temperature=1.0)] * 3)):
         diff = (torch.tensor(out.log_probs) - reference_log_probs(model, prompt, out.token_ids)).abs()
         assert diff.mean() < 0.02 and diff.max() < 0.1, diff
+
+
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "up_proj"], "init_lora_weights": False}
+
+
+@pytest.fixture()
+def adapters(tiny_model_dir, device):
+    """A peft reference model with two random (non-zero) adapters, and each adapter's tensors."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    torch.manual_seed(3)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    reference = get_peft_model(base, LoraConfig(**LORA), adapter_name="planner")
+    reference.add_adapter("coder", LoraConfig(**LORA))
+    reference = reference.to(device).eval()
+    tensors = {name: get_peft_model_state_dict(reference, adapter_name=name) for name in ("planner", "coder")}
+    return reference, tensors
+
+
+def with_adapters(engine, tensors):
+    for name, named in tensors.items():
+        assert engine.load_adapter(name, named, LORA) == len(named)
+    return engine
+
+
+def test_a_mixed_adapter_batch_equals_each_adapter_alone(engine, adapters, chat_ids):
+    reference, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    assert engine.adapters == ["coder", "planner"]
+    prompt = chat_ids("Go from (0,0) to (3,4)")
+    greedy = SamplingSpec(max_tokens=8, temperature=0.0)
+    mixed = engine.generate([prompt] * 3, [greedy] * 3, adapters=["planner", "coder", None])
+    alone = [engine.generate([prompt], [greedy], adapters=[a])[0] for a in ("planner", "coder", None)]
+    assert [m.token_ids for m in mixed] == [a.token_ids for a in alone]
+    assert mixed[0].token_ids != mixed[1].token_ids or mixed[0].log_probs != mixed[1].log_probs  # adapters matter
+    for out, adapter in zip(mixed, ("planner", "coder")):  # greedy = argmax of that adapter's own forward
+        reference.set_adapter(adapter)
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(len(out.token_ids)):
+                ids.append(int(reference(torch.tensor([ids], device=reference.device)).logits[0, -1].argmax()))
+        assert out.token_ids == ids[len(prompt):]
+
+
+def test_adapter_log_probs_equal_a_direct_forward_with_that_adapter(engine, adapters, chat_ids):
+    reference, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    prompts = [chat_ids("Sum 1 2"), chat_ids("x")]
+    torch.manual_seed(1)
+    outs = engine.generate(prompts, [SamplingSpec(max_tokens=10, temperature=0.7)] * 2, adapters=["coder", "planner"])
+    for prompt, out, adapter in zip(prompts, outs, ("coder", "planner")):
+        assert len(out.token_ids) == len(out.log_probs) > 0  # the recorder sat on the base model's forward
+        reference.set_adapter(adapter)
+        expected = reference_log_probs(reference, prompt, out.token_ids, temperature=0.7)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_refreshing_one_adapter_leaves_the_base_and_the_other_adapter_untouched(engine, adapters):
+    _, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    before = {name: t.clone() for name, t in engine.model.state_dict().items()}
+    update = {name: t + 1.0 for name, t in tensors["coder"].items()}
+    engine.load_adapter("coder", update, LORA)
+    after = engine.model.state_dict()
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed and all(".coder." in name for name in changed)
+    assert len(changed) == len(update)
+
+
+def test_adapter_updates_must_be_whole_and_requests_must_name_a_loaded_adapter(engine, adapters, chat_ids):
+    _, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    partial = dict(tensors["coder"])
+    partial.pop(next(iter(partial)))
+    with pytest.raises(KeyError, match="adapter 'coder': the update leaves 1 tensors stale"):
+        engine.load_adapter("coder", partial, LORA)
+    with pytest.raises(KeyError, match="no adapter 'judge' loaded"):
+        engine.generate([chat_ids("x")], [SamplingSpec(max_tokens=2)], adapters=["judge"])
+
+
+def test_base_weight_updates_still_apply_under_adapters(engine, adapters, updated_actor, chat_ids):
+    _, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    actor = updated_actor(chat_ids("x"))
+    engine.load_weights(dict(actor.state_dict()))  # transformers names, mapped past peft's base_layer
+    for name, tensor in actor.state_dict().items():
+        assert torch.equal(engine._base_state()[name].cpu(), tensor), name

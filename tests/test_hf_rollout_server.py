@@ -149,3 +149,34 @@ def test_cuda_server_stays_on_the_device_when_verl_will_not_wake_it(tiny_model_d
     server = HFRolloutServer(config, OmegaConf.create({"path": tiny_model_dir}), 0, device="cuda")
     asyncio.run(server.sleep())
     assert server.engine.device.type == "cuda" and server.engine.model.dtype == torch.bfloat16
+
+
+def test_requests_with_different_adapters_share_one_engine_call(server, chat_ids):
+    """Runs last: it leaves two LoRA adapters on the module's server."""
+    from test_hf_engine import LORA, reference_log_probs
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    # the reference starts from the server's base as it is now (an earlier test updated it)
+    model_path, base = ray.get(server.__ray_call__.remote(lambda s: (s.engine.model.name_or_path, s.engine._base_state())))
+    torch.manual_seed(5)
+    reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    reference.load_state_dict(base)
+    reference = get_peft_model(reference, LoraConfig(**LORA), adapter_name="planner")
+    reference.add_adapter("coder", LoraConfig(**LORA))
+    reference.eval()
+    for name in ("planner", "coder"):
+        ray.get(server.load_adapter.remote(name, get_peft_model_state_dict(reference, adapter_name=name), LORA))
+    assert ray.get(server.get_stats.remote())["adapters"] == ["coder", "planner"]
+
+    prompt = chat_ids("route me")
+    calls_before = ray.get(server.get_stats.remote())["generate_calls"]
+    adapters = ["planner", "coder", None, "coder"]
+    outs = ray.get([server.generate.remote(f"a{i}", prompt, {"temperature": 0.0, "max_tokens": 6}, adapter=a)
+                    for i, a in enumerate(adapters)])
+    assert ray.get(server.get_stats.remote())["generate_calls"] - calls_before <= 2
+    assert outs[1].token_ids == outs[3].token_ids
+    for out, adapter in zip(outs[:2], adapters[:2]):  # each row's log-probs are its own adapter's
+        reference.set_adapter(adapter)
+        expected = reference_log_probs(reference, prompt, out.token_ids)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-4, rtol=0)

@@ -4,6 +4,10 @@ Device-agnostic: the same code serves a laptop CPU and a CUDA device. Concurrent
 share sampling settings are left-padded into one ``model.generate`` call; each result carries the
 log-probabilities of its sampled tokens under ``log_softmax(logits / temperature)``, which is the
 distribution verl's actor recomputes for its old log-probs.
+
+LoRA adapters (one per role, L1): ``load_adapter`` adds or refreshes a named peft adapter on the
+one base model; a request names its adapter (None: the base), and requests with different
+adapters still share one ``generate`` call (peft's ``adapter_names``, one per row).
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
+from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,7 @@ class _SampledTokenLogProbs:
 
 
 class HFGenerationEngine:
-    """Owns one model copy; thread-safe (generation and weight loading never overlap)."""
+    """Owns one model copy (plus its LoRA adapters); thread-safe (generation and weight loading never overlap)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_batch_size: int = 64):
         self.model = model.eval()
@@ -118,8 +125,25 @@ class HFGenerationEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def generate(self, prompts: list[list[int]], specs: list[SamplingSpec]) -> list[Generation]:
-        """Generate for many requests: grouped by sampling settings, chunked by ``max_batch_size``."""
+    @property
+    def base_model(self) -> PreTrainedModel:
+        """The transformers model under any adapters: every decode step runs its forward
+        (``PeftModel.generate`` calls the base's generate, so a hook on the PeftModel never fires)."""
+        return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+
+    @property
+    def adapters(self) -> list[str]:
+        return sorted(self.model.peft_config) if isinstance(self.model, PeftModel) else []
+
+    def generate(
+        self, prompts: list[list[int]], specs: list[SamplingSpec], adapters: list[str | None] | None = None
+    ) -> list[Generation]:
+        """Generate for many requests: grouped by sampling settings, chunked by ``max_batch_size``;
+        ``adapters[i]`` is request i's LoRA adapter (None: the base model)."""
+        adapters = list(adapters) if adapters is not None else [None] * len(prompts)
+        unknown = sorted({a for a in adapters if a is not None} - set(self.adapters))
+        if unknown:
+            raise KeyError(f"hf engine: no adapter {unknown[0]!r} loaded; loaded: {self.adapters}")
         results: list[Generation | None] = [None] * len(prompts)
         groups: dict[tuple, list[int]] = {}
         for i, spec in enumerate(specs):
@@ -127,13 +151,17 @@ class HFGenerationEngine:
         for members in groups.values():
             for start in range(0, len(members), self.max_batch_size):
                 chunk = members[start : start + self.max_batch_size]
-                outputs = self._generate_group([prompts[i] for i in chunk], [specs[i] for i in chunk])
+                outputs = self._generate_group(
+                    [prompts[i] for i in chunk], [specs[i] for i in chunk], [adapters[i] for i in chunk]
+                )
                 for i, output in zip(chunk, outputs):
                     results[i] = output
         return results
 
     @torch.no_grad()
-    def _generate_group(self, prompts: list[list[int]], specs: list[SamplingSpec]) -> list[Generation]:
+    def _generate_group(
+        self, prompts: list[list[int]], specs: list[SamplingSpec], adapters: list[str | None]
+    ) -> list[Generation]:
         spec = specs[0]
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -154,9 +182,11 @@ class HFGenerationEngine:
             kwargs.update(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else 0)
         if spec.stop:
             kwargs.update(stop_strings=list(spec.stop), tokenizer=self.tokenizer)
+        if isinstance(self.model, PeftModel):
+            kwargs.update(adapter_names=[a or BASE_ADAPTER for a in adapters])
         recorder = _SampledTokenLogProbs(1.0 if spec.greedy else spec.temperature)
         with self._lock:
-            hook = self.model.register_forward_hook(recorder, with_kwargs=True)
+            hook = self.base_model.register_forward_hook(recorder, with_kwargs=True)
             try:
                 sequences = self.model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **kwargs
@@ -196,14 +226,45 @@ class HFGenerationEngine:
         sent: a silent mismatch would leave the rollout sampling from stale weights (off-policy
         without anyone noticing).
         """
-        state = self.model.state_dict()
+        state = self._base_state()
         unknown = sorted(set(named_tensors) - set(state))
         if unknown:
             raise KeyError(f"hf rollout: {len(unknown)} weight names not in the rollout model, e.g. {unknown[:3]}")
-        unsent = sorted(name for name, _ in self.model.named_parameters() if name not in named_tensors)
+        parameters = {_base_name(name) for name, _ in self.base_model.named_parameters() if "lora_" not in name}
+        unsent = sorted(name for name in parameters if name not in named_tensors)
         if unsent:
             raise KeyError(f"hf rollout: the update leaves {len(unsent)} parameters stale, e.g. {unsent[:3]}")
         with self._lock, torch.no_grad():
             for name, tensor in named_tensors.items():
                 state[name].copy_(tensor.to(device=state[name].device, dtype=state[name].dtype))
         return len(named_tensors)
+
+    def _base_state(self) -> dict[str, torch.Tensor]:
+        """The base model's tensors under their transformers names (peft renames wrapped layers'
+        weights to ``<layer>.base_layer.weight``; adapter tensors are left out)."""
+        return {_base_name(name): t for name, t in self.base_model.state_dict().items() if "lora_" not in name}
+
+    def load_adapter(self, name: str, named_tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> int:
+        """Add LoRA adapter ``name`` (peft ``LoraConfig`` fields in ``config``) or refresh its weights.
+
+        ``named_tensors`` is the adapter alone, as ``peft.get_peft_model_state_dict`` gives it;
+        every tensor of the adapter must be sent, and the base and the other adapters are untouched.
+        """
+        with self._lock, torch.no_grad():
+            if not isinstance(self.model, PeftModel):
+                self.model = get_peft_model(self.model, LoraConfig(**config), adapter_name=name)
+            elif name not in self.model.peft_config:
+                self.model.add_adapter(name, LoraConfig(**config))
+            own = {key for key in self.model.state_dict() if "lora_" in key and f".{name}." in key}
+            result = set_peft_model_state_dict(self.model, dict(named_tensors), adapter_name=name)
+            if result.unexpected_keys:
+                raise KeyError(f"hf rollout: adapter {name!r}: unknown tensors, e.g. {sorted(result.unexpected_keys)[:3]}")
+            stale = sorted(own & set(result.missing_keys))
+            if stale:
+                raise KeyError(f"hf rollout: adapter {name!r}: the update leaves {len(stale)} tensors stale, e.g. {stale[:3]}")
+            self.model.eval()
+        return len(named_tensors)
+
+
+def _base_name(peft_name: str) -> str:
+    return peft_name.replace(".base_layer.", ".")

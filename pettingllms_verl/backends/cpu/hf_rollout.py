@@ -125,13 +125,15 @@ class HFRolloutServer:
         self.policy = rollout_policy(rollout_config)  # stamped on every reply: which policy served it
         self.global_steps: int | None = None
         self.generate_calls = 0  # engine calls; exposed for tests and benchmarks
-        self._pending: list[tuple[list[int], SamplingSpec, asyncio.Future]] = []
+        self._pending: list[tuple[list[int], SamplingSpec, str | None, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], **_unused: Any
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], adapter: str | None = None,
+        **_unused: Any,
     ) -> TokenOutput:
+        """One request; ``adapter`` names a LoRA adapter loaded with ``load_adapter`` (None: the base)."""
         prompt_ids = list(prompt_ids)
         budget = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
         if budget < 1:
@@ -144,7 +146,7 @@ class HFRolloutServer:
             self._wakeup = asyncio.Event()
             self._batcher = asyncio.get_running_loop().create_task(self._serve_batches())
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt_ids, spec, future))
+        self._pending.append((prompt_ids, spec, adapter, future))
         self._wakeup.set()
         generation = await future
         return TokenOutput(
@@ -162,10 +164,10 @@ class HFRolloutServer:
             batch, self._pending = self._pending, []
             if not batch:
                 continue
-            prompts, specs, futures = zip(*batch)
+            prompts, specs, adapters, futures = zip(*batch)
             self.generate_calls += 1
             try:
-                outputs = await asyncio.to_thread(self.engine.generate, list(prompts), list(specs))
+                outputs = await asyncio.to_thread(self.engine.generate, list(prompts), list(specs), list(adapters))
             except Exception as error:  # report to every waiting caller instead of dying silently
                 for future in futures:
                     if not future.done():
@@ -181,9 +183,14 @@ class HFRolloutServer:
             self.global_steps = global_steps
         return loaded
 
+    async def load_adapter(self, name: str, named_tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
+        """Add or refresh LoRA adapter ``name`` (only its tensors travel; the base stays as it is)."""
+        return await asyncio.to_thread(self.engine.load_adapter, name, named_tensors, config)
+
     def get_stats(self) -> dict[str, Any]:
         return {
-            "generate_calls": self.generate_calls, "device": self.device, "global_steps": self.global_steps, "policy": self.policy,
+            "generate_calls": self.generate_calls, "device": self.device, "global_steps": self.global_steps,
+            "policy": self.policy, "adapters": self.engine.adapters,
         }
 
     # Memory management. On CPU there is nothing to free, so these are explicit no-ops; on CUDA
