@@ -12,7 +12,7 @@ pettingllms:
     planner: {}                                          # actor_rollout_ref as configured
     solver: {overrides: {model: {path: /models/other}}, trainable: false}
   roles:                   # per role: which policy acts, and sampling overrides
-    plan: {policy: planner, sampling: {temperature: 1.0, max_tokens: 48}}
+    plan: {policy: planner, sampling: {temperature: 1.0, max_tokens: 48}, val_sampling: {}}
 ```
 """
 
@@ -48,10 +48,15 @@ class SamplingConfig:
         return {key: value for key, value in vars(self).items() if value is not None}
 
 
+# What shapes the sampling distribution; in validation verl's val_kwargs set these, not `sampling`.
+DISTRIBUTION_KEYS = ("temperature", "top_p", "top_k")
+
+
 @dataclass
 class RoleConfig:
     policy: Optional[str] = None  # policy that acts for this role (a key of `policies`); default: the only policy
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # this role's sampling overrides
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # this role's sampling overrides in training
+    val_sampling: SamplingConfig = field(default_factory=SamplingConfig)  # in validation (default: verl's val_kwargs; sampling's max_tokens/stop still apply)
 
 
 @dataclass
@@ -83,6 +88,16 @@ class PettingLLMsConfig:
 
     def role(self, name: str) -> RoleConfig:
         return self.roles.get(name) or RoleConfig()
+
+    def sampling_overrides(self, role: str, validate: bool) -> dict[str, Any]:
+        """The role's overrides of verl's sampling params: in validation, val_kwargs keep the
+        sampling distribution (greedy validation stays greedy) unless ``val_sampling`` says otherwise."""
+        config = self.role(role)
+        overrides = config.sampling.params()
+        if validate:
+            overrides = {key: value for key, value in overrides.items() if key not in DISTRIBUTION_KEYS}
+            overrides.update(config.val_sampling.params())
+        return overrides
 
     def branches(self, validate: bool) -> int:
         """K for a node: validation and independent rollouts never branch."""

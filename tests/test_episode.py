@@ -186,3 +186,16 @@ def test_an_advantage_group_spanning_two_policies_is_refused():
     check_groups_within_policies(["g1", "g1", "g2"], ["a", "a", "b"])
     with pytest.raises(AssertionError, match="spans policies 'a' and 'b'"):
         check_groups_within_policies(["g1", "g1"], ["a", "b"])
+
+
+def test_validation_samples_as_val_kwargs_unless_the_role_says_otherwise():
+    from omegaconf import OmegaConf
+
+    settings = load(OmegaConf.create({"roles": {
+        "tool": {"sampling": {"temperature": 1.2, "top_p": 0.9, "max_tokens": 48, "stop": ["</code>"]}},
+        "plan": {"sampling": {"temperature": 1.2, "max_tokens": 24}, "val_sampling": {"temperature": 0.3}},
+    }}))
+    assert settings.sampling_overrides("tool", validate=False) == {"temperature": 1.2, "top_p": 0.9, "max_tokens": 48, "stop": ["</code>"]}
+    # the training temperature must not turn verl's greedy validation into sampling
+    assert settings.sampling_overrides("tool", validate=True) == {"max_tokens": 48, "stop": ["</code>"]}
+    assert settings.sampling_overrides("plan", validate=True) == {"max_tokens": 24, "temperature": 0.3}

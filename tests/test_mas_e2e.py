@@ -47,7 +47,8 @@ def run_recipe(artifacts, recipe, *overrides):
 @pytest.fixture(scope="module")
 def mas_run(artifacts):
     dump = artifacts / "batches"
-    metrics = run_recipe(artifacts, "plan_path_mas_atgrpo_cpu", f"+pettingllms.batch_dump_dir={dump}")
+    # test_freq=3: one validation pass (greedy, one episode per test problem) after the last step
+    metrics = run_recipe(artifacts, "plan_path_mas_atgrpo_cpu", f"+pettingllms.batch_dump_dir={dump}", "trainer.test_freq=3")
     rows = {int(name[5:-6]): [json.loads(line) for line in open(dump / name)] for name in os.listdir(dump)}
     return metrics, rows
 
@@ -62,6 +63,8 @@ def test_mas_recipe_runs_three_steps_with_mas_and_at_grpo_metrics(mas_run):
             assert key in data, key
         assert data["at_grpo/mean_group_size"] == K
         assert data["training/rollout_probs_diff_mean"] < 1e-5  # fp32 actor and rollout
+    # the validation pass: episode success on the test split (the reward of a validation row)
+    assert 0.0 <= metrics[-1]["data"]["val-core/plan_path/reward/mean@1"] <= 1.0
 
 
 def test_group_sizes_equal_k_and_no_group_spans_two_problems_turns_or_roles(mas_run):

@@ -55,8 +55,8 @@ class EpisodeAgentLoop(AgentLoopBase):
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _sampling(self, base: dict[str, Any], role: str) -> dict[str, Any]:
-        params = {**base, **self.settings.role(role).sampling.params()}
+    def _sampling(self, base: dict[str, Any], role: str, validate: bool) -> dict[str, Any]:
+        params = {**base, **self.settings.sampling_overrides(role, validate)}
         params["max_tokens"] = min(int(params.get("max_tokens", self.response_length)), self.response_length)
         return params
 
@@ -75,7 +75,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         served_by: dict[str, set] = {role: set() for role in policies}  # the policy each server says it is
 
         async def generate(role: str, prompt_ids: list[int], n: int):
-            params = self._sampling(sampling_params, role)
+            params = self._sampling(sampling_params, role, validate)
             outputs = await asyncio.gather(
                 *(
                     self.server_manager.generate(
