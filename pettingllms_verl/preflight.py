@@ -138,7 +138,8 @@ def _check_policies(config: DictConfig) -> None:
         path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path")
         if path is not None:
             _check_model_path(f"{key}.overrides.model.path", path)
-            if _tokenizer_vocab(path) != _tokenizer_vocab(main_model):
+            ours, main = _tokenizer_vocab(path), _tokenizer_vocab(main_model)
+            if ours is not None and main is not None and ours != main:
                 raise ConfigError(
                     f"{key}.overrides.model.path", f"{path} has another tokenizer than actor_rollout_ref.model.path={main_model}",
                     "every policy of a run must share one tokenizer (e.g. Qwen3-1.7B with Qwen3-8B)",
@@ -151,6 +152,16 @@ def _check_policies(config: DictConfig) -> None:
             "vllm with several policies: verl 0.9.1 names vLLM server actors by replica rank only, so a second "
             "policy's replicas would collide",
             "use actor_rollout_ref.rollout.name=hf for a model per role (L2)",
+        )
+    if len(table) > 1 and _select(config, "algorithm.adv_estimator") != "at_grpo":
+        raise ConfigError(
+            "algorithm.adv_estimator", f"{_select(config, 'algorithm.adv_estimator')!r} with several policies: its "
+            "groups (one per problem) would mix rows of different policies", "use at_grpo (groups keyed by role)",
+        )
+    if len(table) > 1 and _select(config, "actor_rollout_ref.actor.checkpoint.async_save"):
+        raise ConfigError(
+            "actor_rollout_ref.actor.checkpoint.async_save", "asynchronous saves with several policies: the "
+            "tracker file could name a step whose policies are still being written", "set it to false",
         )
     if len(table) > 1 and _select(config, "trainer.v1.trainer_mode") != "mas_sync":
         raise ConfigError("trainer.v1.trainer_mode", f"{len(table)} policies need the multi-policy trainer", "set trainer.v1.trainer_mode=mas_sync")

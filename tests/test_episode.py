@@ -162,20 +162,23 @@ def test_roles_route_to_their_policies_and_the_swap_exchanges_two():
 def test_router_sends_each_request_to_its_policy_and_never_forwards_the_name():
     import asyncio
 
+    from verl.workers.rollout.replica import TokenOutput
+
     from pettingllms_verl.trainer.policies import PolicyRouterClient
 
     class Recorder:
-        def __init__(self, name):
-            self.name, self.calls = name, []
+        def __init__(self, stamp):
+            self.stamp, self.calls = stamp, []
 
         async def generate(self, request_id, **kwargs):
             self.calls.append((request_id, kwargs))
-            return self.name
+            return TokenOutput(token_ids=[1], extra_fields=self.stamp)
 
-    clients = {"a": Recorder("a"), "b": Recorder("b")}
+    clients = {"a": Recorder({"policy": "a"}), "b": Recorder({})}  # b: a server that stamps nothing (vLLM)
     router = PolicyRouterClient(config=None, clients=clients)
-    assert asyncio.run(router.generate("r1", policy="b", prompt_ids=[1])) == "b"
-    assert clients["b"].calls == [("r1", {"prompt_ids": [1]})] and clients["a"].calls == []
+    assert asyncio.run(router.generate("r1", policy="a", prompt_ids=[1])).extra_fields["policy"] == "a"
+    assert asyncio.run(router.generate("r2", policy="b", prompt_ids=[2])).extra_fields["policy"] == "b"
+    assert clients["b"].calls == [("r2", {"prompt_ids": [2]})] and clients["a"].calls == [("r1", {"prompt_ids": [1]})]
     with pytest.raises(KeyError, match="no policy 'c'"):
         asyncio.run(router.generate("r2", policy="c", prompt_ids=[1]))
 

@@ -99,8 +99,11 @@ class EpisodeAgentLoop(AgentLoopBase):
             render=self.render,
             decode=self.decode,
         )
-        # verl's staleness bookkeeping: which weight versions this episode sampled from.
-        known = [v for versions in weight_versions.values() for v in versions if v is not None]
+        # verl's staleness bookkeeping: which weight versions this episode sampled from (a frozen
+        # policy's weights never change version, so they say nothing about staleness).
+        table = self.settings.policy_table()
+        learning = [role for role, policy in policies.items() if table[policy].trainable] or list(policies)
+        known = [v for role in learning for v in weight_versions[role] if v is not None]
         versions = {"min_global_steps": min(known, default=None), "max_global_steps": max(known, default=None)}
         # per role, what the servers that answered it reported: their policy and weight version
         routing = {

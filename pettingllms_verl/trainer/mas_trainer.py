@@ -17,6 +17,7 @@ swapped-policy validation switch and a fixed number of optimizer steps per train
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -84,7 +85,9 @@ class MASTrainer(PPOTrainerSync):
                 f"{SECTION}.policies.{self.first_policy}.pool: the first policy runs on the trainer's GPUs; "
                 "list a pool=shared policy first"
             )
-        # The first policy is verl's own actor group: its overrides go into the main config.
+        # The first policy is verl's own actor group: its overrides go into the main config. The
+        # others start from actor_rollout_ref as configured, never from the first policy's.
+        self._configured_actor_rollout_ref = copy.deepcopy(config.actor_rollout_ref)
         with open_dict(config):
             config.actor_rollout_ref = policy_config(config, self.first_policy).actor_rollout_ref
         self.policies: dict[str, PolicyGroup] = {}
@@ -142,7 +145,12 @@ class MASTrainer(PPOTrainerSync):
     def _build_policy(self, name: str) -> PolicyGroup:
         """A worker group, rollout replicas and weight sync for policy ``name`` (as verl's _setup does
         for the actor), in its own processes: two policies never share a worker process."""
-        config = policy_config(self.config, name)
+        config = copy.deepcopy(self.config)
+        with open_dict(config):
+            config.actor_rollout_ref = copy.deepcopy(self._configured_actor_rollout_ref)
+            # the LR horizon verl's _init_dataloader wrote into the main config
+            config.actor_rollout_ref.actor.optim.total_training_steps = self.config.actor_rollout_ref.actor.optim.total_training_steps
+        config = policy_config(config, name)
         role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
         pool_name = "global_pool" if self.policy_table[name].pool == "shared" else f"policy_{name}"
         pool = self.resource_pool_manager.resource_pool_dict[pool_name]
@@ -202,6 +210,7 @@ class MASTrainer(PPOTrainerSync):
                     parts[name] = self._compute_old_log_prob(part, metrics=per_policy[name])
                     if self.use_reference_policy:
                         parts[name] = self._compute_ref_log_prob(parts[name], metrics=per_policy[name])
+                    parts[name].extra_info = {}  # per-policy settings (temperature, ...) must not clash in concat
         batch = KVBatchMeta.concat(list(parts.values()))
 
         with marked_timer("adv", timing_raw, color="brown"):
@@ -239,12 +248,13 @@ class MASTrainer(PPOTrainerSync):
 
     def _merge_policy_metrics(self, metrics: dict, per_policy: dict[str, dict]) -> None:
         """``policy/<name>/...`` for every policy; verl's plain names (``actor/grad_norm``, ...) are
-        the mean over the policies that reported them."""
+        the mean over the trainable policies (over all when every policy is frozen)."""
+        trainable = [name for name in per_policy if self.policies[name].trainable] or list(per_policy)
         plain: dict[str, list[float]] = defaultdict(list)
         for name, values in per_policy.items():
             for key, value in values.items():
                 metrics[f"policy/{name}/{key}"] = value
-                if key != "rows":
+                if key != "rows" and name in trainable:
                     plain[key].append(value)
         metrics.update({key: float(np.mean(values)) for key, values in plain.items()})
 
@@ -359,6 +369,8 @@ class MASTrainer(PPOTrainerSync):
         print(f"mas_sync: resuming {sorted(self.policies)} from {step_dir} (step {self.global_steps})", flush=True)
         for name, group in self.policies.items():
             path = os.path.join(step_dir, POLICIES_DIR, name)
+            if len(self.policies) == 1 and not os.path.isdir(path):
+                path = os.path.join(step_dir, "actor")  # a one-policy checkpoint in verl's own layout
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"{path}: no checkpoint of policy {name!r} in {step_dir} (was it added to {SECTION}.policies later?)")
             group.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
@@ -372,5 +384,9 @@ class MASTrainer(PPOTrainerSync):
         if trainer.resume_mode == "disable":
             return None
         if trainer.resume_mode == "resume_path":
+            if "global_step_" not in str(trainer.resume_from_path):
+                raise ValueError(f"trainer.resume_from_path={trainer.resume_from_path!r}: name a global_step_N folder")
             return os.path.abspath(trainer.resume_from_path)
+        if trainer.resume_mode != "auto":
+            raise ValueError(f"trainer.resume_mode={trainer.resume_mode!r}: use auto, resume_path or disable")
         return find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))

@@ -40,7 +40,10 @@ class PolicyRouterClient(LLMServerClient):
             policy = next(iter(self.clients))
         if policy not in self.clients:
             raise KeyError(f"no policy {policy!r} in this run; policies: {sorted(self.clients)}")
-        return await self.clients[policy].generate(request_id, **kwargs)
+        output = await self.clients[policy].generate(request_id, **kwargs)
+        # the hf server stamps the policy it serves; verl's vLLM/SGLang servers do not: the router's word then
+        output.extra_fields.setdefault("policy", policy)
+        return output
 
 
 class MultiCheckpointManager:
@@ -57,6 +60,8 @@ class MultiCheckpointManager:
     def update_weights(self, global_steps: int | None = None) -> dict:
         for group in self.groups:
             if group.trainable or not group.synced:
-                group.sync.update_weights(global_steps)
+                group.sync.update_weights(global_steps)  # the actor's update_weights also wakes the replicas
                 group.synced = True
+            else:
+                group.sync.wake_up_replicas()  # a frozen policy slept with the others after sampling
         return {}
