@@ -75,13 +75,14 @@ code: model-code data-code  # tester + coder
 	$(call run_recipe,code_mas_atgrpo_cpu)
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
-# and continues the step count.
+# and continues the step count. The command is printed with the environment it needs, so that it
+# runs as printed when pasted into a shell.
 quickstart: model data
 	@done=$$(cat $(CKPT_DIR)/latest_checkpointed_iteration.txt 2>/dev/null || echo 0); \
 	total=$$((done + $(QUICKSTART_STEPS))); \
-	cmd="$(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name quickstart_cpu trainer.total_training_steps=$$total"; \
+	cmd="PETTINGLLMS_ARTIFACTS=$(ARTIFACTS) VERL_FILE_LOGGER_ROOT=$(VERL_FILE_LOGGER_ROOT) HF_HUB_OFFLINE=$(HF_HUB_OFFLINE) $(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name quickstart_cpu trainer.total_training_steps=$$total"; \
 	echo "+ $$cmd"; \
-	$$cmd
+	env $$cmd
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

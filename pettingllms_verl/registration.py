@@ -65,10 +65,25 @@ def _check() -> list[str]:
     return missing
 
 
+def _own_import_in_progress() -> bool:
+    """True while one of this package's modules is mid-import: it imported verl, whose plugin hook
+    called us back. Registering now would import that half-built module (a circular import)."""
+    return any(
+        getattr(getattr(module, "__spec__", None), "_initializing", False)
+        for name, module in list(sys.modules.items())
+        if name.startswith("pettingllms_verl.") and name not in ("pettingllms_verl.plugin", "pettingllms_verl.registration")
+    )
+
+
 def register() -> None:
-    """Register the plugin with verl; idempotent; raises (and prints) if anything is missing."""
+    """Register the plugin with verl; idempotent; raises (and prints) if anything is missing.
+
+    When verl is first imported by one of this package's own modules (``import
+    pettingllms_verl.algo`` in a fresh interpreter), the hook returns without registering; the
+    next call (the preflight, a verl process's own plugin load, a test) registers everything.
+    """
     global _registered
-    if _registered:
+    if _registered or _own_import_in_progress():
         return
     try:
         import pettingllms_verl.backends.cpu.platform  # noqa: F401  (registers platform "cpu")

@@ -76,3 +76,18 @@ def test_registration_failure_is_loud(monkeypatch, capsys):
     with pytest.raises(RuntimeError, match="rollout replica 'hf'"):
         registration.register()
     assert "plugin registration FAILED" in capsys.readouterr().err
+
+
+def test_importing_a_module_of_ours_first_does_not_break_registration():
+    """verl, imported by one of our own modules, calls the plugin back mid-import: no circular
+    import error, and a later register() registers everything."""
+    import subprocess
+    import sys
+
+    code = ("import pettingllms_verl.algo\n"
+            "from pettingllms_verl.registration import _check, register\n"
+            "register()\n"
+            "assert _check() == [], _check()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "registration FAILED" not in result.stderr
