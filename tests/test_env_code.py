@@ -67,7 +67,8 @@ def test_outputs_compare_token_by_token():
     ("import os\nos.kill(os.getpid(), 9)", "killed"),
 ])
 def test_hostile_programs_fail_their_tests_and_say_why(body, status):
-    [outcome] = code_env.run_tests(body, [("1 2\n", "3\n")], code_env.SandboxLimits(wall_s=1.0, cpu_s=1, max_output_bytes=4096))
+    # cpu_s far above wall_s: only the wall limit can end the loop ("timeout"), however loaded the machine
+    [outcome] = code_env.run_tests(body, [("1 2\n", "3\n")], code_env.SandboxLimits(wall_s=1.0, cpu_s=30, max_output_bytes=4096))
     assert (outcome.passed, outcome.status) == (False, status)
 
 

@@ -107,7 +107,9 @@ def test_turn_budget_ends_an_episode_without_agreement(env):
     (code("print(0.5)"), 0.0, "ok"),
 ])
 def test_tool_rewards(env, reply, reward, status):
-    env.tool_limits = math_env.SandboxLimits(wall_s=1.0, cpu_s=1)
+    # CPU seconds never exceed wall seconds: with cpu_s far above wall_s only the wall limit can end
+    # a loop ("timeout"), however loaded the machine (cpu_s=1 raced it: "killed" or "timeout")
+    env.tool_limits = math_env.SandboxLimits(wall_s=1.0, cpu_s=30)
     result = env.step("tool", reply)
     assert (result.local_reward, result.info["tool_status"]) == (reward, status)
     assert result.parse_ok == (status != "no_code")
