@@ -1,4 +1,4 @@
-"""The environment contract (see DESIGN.md, "Key contracts").
+"""The environment contract: what every environment implements (this module is its reference).
 
 An environment is pure Python and deterministic given its seed. It speaks text at its edge
 (chat messages out, a model's reply in) but never calls a model: prompt wording and reply

@@ -1,5 +1,5 @@
 """Programming problems solved by a team: a tester that writes unit tests and a coder that writes
-a stdin/stdout program (ENVS.md, "Code"; APPS, CodeContests, LiveCodeBench).
+a stdin/stdout program (problems of the APPS, CodeContests, LiveCodeBench kind).
 
 Task: ``{"problem": str, "tests": [{"input": str, "output": str}, ...], "solution": str | None}``:
 the ground-truth tests (never shown to either role) and, where the dataset has one, a reference

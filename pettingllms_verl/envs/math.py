@@ -1,5 +1,5 @@
 """Math problems solved by a team: a tool agent that computes with Python and a reasoner that
-answers (ENVS.md, "Math"; AIME, OlympiadBench, ...).
+answers (problems of the AIME, OlympiadBench, DeepScaleR kind).
 
 Task: ``{"problem": str, "answer": str}``, the gold final answer in LaTeX or plain text, without
 ``\\boxed``. Answers are compared with math-verify (``math_grading``), never by string equality.
