@@ -70,6 +70,12 @@ class PolicyConfig:
     nnodes: Optional[int] = None  # pool=own: nodes of its pool (default trainer.nnodes)
     adapter: Optional[Dict[str, Any]] = None  # reserved for a LoRA adapter per role (L1): not supported yet
 
+    def own_pool(self, trainer_gpus_per_node: int, trainer_nnodes: int) -> list[int]:
+        """GPUs per node of this policy's own pool (verl's resource-pool spec); [] on the shared pool."""
+        if self.pool != "own":
+            return []
+        return [self.n_gpus_per_node or trainer_gpus_per_node] * (self.nnodes or trainer_nnodes)
+
 
 @dataclass
 class PettingLLMsConfig:

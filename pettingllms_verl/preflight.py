@@ -133,13 +133,15 @@ def _check_policies(config: DictConfig) -> None:
         key, _, problem = str(error).partition(": ")
         raise ConfigError(key, problem, "see the `pettingllms:` section in the README") from None
     main_model = _select(config, "actor_rollout_ref.model.path")
+    main_vocab = None  # loaded once, on the first policy with a model of its own
     for name, policy in table.items():
         key = f"{SECTION}.policies.{name}"
         path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path")
         if path is not None:
             _check_model_path(f"{key}.overrides.model.path", path)
-            ours, main = _tokenizer_vocab(path), _tokenizer_vocab(main_model)
-            if ours is not None and main is not None and ours != main:
+            main_vocab = main_vocab or _tokenizer_vocab(main_model)
+            ours = _tokenizer_vocab(path)
+            if ours is not None and main_vocab is not None and ours != main_vocab:
                 raise ConfigError(
                     f"{key}.overrides.model.path", f"{path} has another tokenizer than actor_rollout_ref.model.path={main_model}",
                     "every policy of a run must share one tokenizer (e.g. Qwen3-1.7B with Qwen3-8B)",
@@ -224,13 +226,13 @@ def _tokenizer_vocab(path: str) -> dict | None:
 
 def _gpus_needed(config: DictConfig) -> tuple[int, str]:
     """Ray GPU slots the run asks for, and the key that adds the last of them."""
-    trainer_world = int(_select(config, "trainer.n_gpus_per_node") or 0) * int(_select(config, "trainer.nnodes") or 1)
-    needed, key = trainer_world, "trainer.n_gpus_per_node"
-    policies = _select(config, "pettingllms.policies") or {}
-    for name, policy in policies.items():
-        if (policy or {}).get("pool") == "own":
-            per_node = policy.get("n_gpus_per_node") or _select(config, "trainer.n_gpus_per_node") or 0
-            needed += int(per_node) * int(policy.get("nnodes") or _select(config, "trainer.nnodes") or 1)
+    from pettingllms_verl.config import load
+
+    per_node, nodes = int(_select(config, "trainer.n_gpus_per_node") or 0), int(_select(config, "trainer.nnodes") or 1)
+    needed, key = per_node * nodes, "trainer.n_gpus_per_node"
+    for name, policy in load(_select(config, "pettingllms")).policy_table().items():
+        if policy.pool == "own":
+            needed += sum(policy.own_pool(per_node, nodes))
             key = f"pettingllms.policies.{name}.n_gpus_per_node"
     return needed, key
 

@@ -121,8 +121,7 @@ class MASTrainer(PPOTrainerSync):
         trainer = self.config.trainer
         for name, policy in self.policy_table.items():
             if policy.pool == "own":
-                nodes = policy.nnodes or trainer.nnodes
-                spec[f"policy_{name}"] = [policy.n_gpus_per_node or trainer.n_gpus_per_node] * nodes
+                spec[f"policy_{name}"] = policy.own_pool(trainer.n_gpus_per_node, trainer.nnodes)
         shared = sum(policy.pool == "shared" for policy in self.policy_table.values())
         # one process per shared policy on each GPU of the trainer's pool (+1 for a reward model)
         self.resource_pool_manager = ResourcePoolManager(
