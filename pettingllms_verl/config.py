@@ -27,6 +27,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 SECTION = "pettingllms"
 DEFAULT_POLICY = "shared"  # the one policy of a run that lists none (L0)
+ADAPTER_GROUP = "lora"  # the worker group of the adapter policies (L1): one base model, one adapter per policy
+# where the adapter table travels to the trainer engine and the rollout (verl's free-form model.lora dict)
+ADAPTERS_KEY = "pettingllms_adapters"
 
 
 class SettingsError(ValueError):
@@ -60,15 +63,34 @@ class RoleConfig:
 
 
 @dataclass
+class AdapterConfig:
+    """A LoRA adapter on the run's base model (``actor_rollout_ref.model.path``), named after its policy."""
+
+    rank: int = 8  # LoRA rank r
+    alpha: int = 16  # LoRA alpha (the update is scaled by alpha / rank)
+    target_modules: List[str] = field(default_factory=lambda: ["all-linear"])  # module names to adapt, or ["all-linear"]
+    path: Optional[str] = None  # start from this peft adapter folder (adapter_config.json + adapter_model.safetensors)
+
+    def lora_config(self) -> dict[str, Any]:
+        """peft ``LoraConfig`` fields."""
+        targets = list(self.target_modules)
+        return {
+            "r": self.rank, "lora_alpha": self.alpha, "bias": "none", "task_type": "CAUSAL_LM",
+            "target_modules": "all-linear" if targets == ["all-linear"] else targets,
+        }
+
+
+@dataclass
 class PolicyConfig:
-    """One policy: a full model with its own trainer worker group and rollout replicas (L2)."""
+    """One policy: a full model with its own trainer worker group and rollout replicas (L2), or a
+    LoRA adapter on the run's base model, sharing one worker group with the other adapters (L1)."""
 
     overrides: Dict[str, Any] = field(default_factory=dict)  # merged into actor_rollout_ref for this policy (model.path, actor.optim.lr, rollout.gpu_memory_utilization, ...)
     trainable: bool = True  # false: it generates but is never updated (a frozen role)
     pool: str = "shared"  # shared: colocated on the trainer's GPUs (trainer.n_gpus_per_node x nnodes) | own: GPUs of its own
     n_gpus_per_node: Optional[int] = None  # pool=own: GPUs per node of its pool (default trainer.n_gpus_per_node)
     nnodes: Optional[int] = None  # pool=own: nodes of its pool (default trainer.nnodes)
-    adapter: Optional[Dict[str, Any]] = None  # reserved for a LoRA adapter per role (L1): not supported yet
+    adapter: Optional[AdapterConfig] = None  # set: this policy is a LoRA adapter on actor_rollout_ref's model (L1)
 
     def own_pool(self, trainer_gpus_per_node: int, trainer_nnodes: int) -> list[int]:
         """GPUs per node of this policy's own pool (verl's resource-pool spec); [] on the shared pool."""
@@ -113,6 +135,23 @@ class PettingLLMsConfig:
         """policy name -> policy; L0 (none configured) is the table of one default policy."""
         return dict(self.policies) or {DEFAULT_POLICY: PolicyConfig()}
 
+    def groups(self) -> dict[str, list[str]]:
+        """worker group -> its policies. The adapter policies share the group ``lora`` (the first
+        group: verl's own actor, on the base model); every other policy is a group of its own."""
+        table = self.policy_table()
+        adapters = [name for name, policy in table.items() if policy.adapter is not None]
+        groups = {ADAPTER_GROUP: adapters} if adapters else {}
+        groups.update({name: [name] for name, policy in table.items() if policy.adapter is None})
+        return groups
+
+    def adapter_table(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """The adapters of ``names`` as the engine and the rollout read them (``model.lora.pettingllms_adapters``)."""
+        table = self.policy_table()
+        return {
+            name: {**table[name].adapter.lora_config(), "path": table[name].adapter.path, "trainable": table[name].trainable}
+            for name in names
+        }
+
     def policy_of(self, role: str, swapped: bool = False) -> str:
         """The policy that acts for ``role`` (with ``swapped``: under the swapped-policy switch)."""
         table = self.policy_table()
@@ -143,12 +182,21 @@ class PettingLLMsConfig:
             if policy.pool == "shared" and (policy.n_gpus_per_node is not None or policy.nnodes is not None):
                 raise SettingsError(f"{key}.n_gpus_per_node: only for pool=own (a shared policy uses the trainer's GPUs)")
             if policy.adapter is not None:
-                raise SettingsError(
-                    f"{key}.adapter: LoRA adapters per role (L1) are not supported yet; use a full model per policy"
-                )
+                self._validate_adapter(key, name, policy)
             unknown = set(policy.overrides) - {"model", "actor", "ref", "rollout"}
             if unknown:
                 raise SettingsError(f"{key}.overrides: unknown sections {sorted(unknown)}; allowed: model, actor, ref, rollout")
+        adapters = self.groups().get(ADAPTER_GROUP, [])
+        for name in adapters:
+            # peft picks an adapter's tensors by substring: `plan` would also take `plan_v2`'s
+            clash = next((other for other in adapters if other != name and name in other), None)
+            if clash is not None:
+                raise SettingsError(
+                    f"{SECTION}.policies.{name}.adapter: adapter names collide ({name!r} is part of {clash!r}, and peft "
+                    "finds an adapter's tensors by its name); rename one of the two policies"
+                )
+        if adapters and ADAPTER_GROUP in table:
+            raise SettingsError(f"{SECTION}.policies.{ADAPTER_GROUP}: the adapters' worker group is named so; rename this policy")
         for role, config in self.roles.items():
             if config.policy is not None and config.policy not in table:
                 raise SettingsError(
@@ -161,6 +209,30 @@ class PettingLLMsConfig:
             missing = [name for name in self.swap_policies if name not in table]
             if missing:
                 raise SettingsError(f"{SECTION}.swap_policies: unknown policies {missing}; defined: {sorted(table)}")
+
+    @staticmethod
+    def _validate_adapter(key: str, name: str, policy: PolicyConfig) -> None:
+        # peft finds an adapter's tensors by its name inside parameter names (`lora_A.<name>.weight`)
+        if not name.isidentifier() or name in ("default", ADAPTER_GROUP) or name in "lora_A lora_B base_layer lora_embedding_A weight bias":
+            raise SettingsError(
+                f"{key}.adapter: the adapter takes its policy's name {name!r}, which collides with peft's own names; "
+                "rename the policy (a Python identifier other than default, lora, or a part of lora_A/lora_B/base_layer)"
+            )
+        if policy.pool != "shared" or policy.overrides.get("model"):
+            what = "a pool of its own" if policy.pool != "shared" else "overrides.model"
+            raise SettingsError(
+                f"{key}.adapter: an adapter lives on the run's base model (actor_rollout_ref.model) in the trainer's "
+                f"worker group, so it cannot have {what}; drop it, or make {name} a full model (no adapter)"
+            )
+        if policy.overrides:
+            raise SettingsError(
+                f"{key}.overrides: adapters share one worker group and its actor_rollout_ref settings; "
+                "set them there (or make this policy a full model without adapter)"
+            )
+        if policy.adapter.rank < 1 or policy.adapter.alpha < 1:
+            raise SettingsError(f"{key}.adapter.rank: rank {policy.adapter.rank}, alpha {policy.adapter.alpha}; both must be >= 1")
+        if not policy.adapter.target_modules:
+            raise SettingsError(f"{key}.adapter.target_modules: empty; name modules (e.g. [q_proj, v_proj]) or [all-linear]")
 
     def check_roles(self, env_name: str, env_roles: tuple[str, ...], acting: tuple[str, ...]) -> None:
         """Roles against the environment: ``env_roles`` it has, ``acting`` the workflow's turn order."""
@@ -189,16 +261,32 @@ def load(section: Any) -> PettingLLMsConfig:
     return settings
 
 
-def policy_config(config: DictConfig, name: str) -> DictConfig:
-    """The whole trainer config as policy ``name`` sees it: its ``overrides`` merged into
-    ``actor_rollout_ref`` and its name in ``rollout.custom.policy`` (rollout servers are named by it)."""
+def policy_config(config: DictConfig, group: str) -> DictConfig:
+    """The whole trainer config as worker group ``group`` sees it (see ``groups``): a full policy's
+    ``overrides`` merged into ``actor_rollout_ref``; for the adapter group, verl's LoRA path switched
+    on (``model.lora_rank``) and the adapter table in ``model.lora.pettingllms_adapters``; the group's
+    name in ``rollout.custom.policy`` (rollout servers are named by it)."""
     settings = load(config.get(SECTION))
-    policy = settings.policy_table()[name]
     out = copy.deepcopy(config)
     with open_dict(out):
-        out.actor_rollout_ref = OmegaConf.merge(out.actor_rollout_ref, policy.overrides)
-        out.actor_rollout_ref.rollout.custom = {**(out.actor_rollout_ref.rollout.get("custom") or {}), "policy": name}
+        if group == ADAPTER_GROUP:
+            adapters = settings.adapter_table(settings.groups()[ADAPTER_GROUP])
+            model = out.actor_rollout_ref.model
+            # verl's engine and trainer treat lora_rank > 0 as "LoRA model" (reference = adapters off);
+            # the adapters themselves are built from the table
+            model.lora_rank = max(adapter["r"] for adapter in adapters.values())
+            model.lora = {**(model.get("lora") or {}), ADAPTERS_KEY: adapters}
+        else:
+            out.actor_rollout_ref = OmegaConf.merge(out.actor_rollout_ref, settings.policy_table()[group].overrides)
+        out.actor_rollout_ref.rollout.custom = {**(out.actor_rollout_ref.rollout.get("custom") or {}), "policy": group}
     return out
+
+
+def adapter_table(model_config: Any) -> dict[str, dict[str, Any]]:
+    """The adapters a (trainer or rollout) model config carries: name -> LoraConfig fields + path, trainable."""
+    lora = model_config.get("lora") if isinstance(model_config, (dict, DictConfig)) else getattr(model_config, "lora", None)
+    table = (lora or {}).get(ADAPTERS_KEY) or {}
+    return {name: dict(OmegaConf.to_container(spec) if isinstance(spec, DictConfig) else spec) for name, spec in table.items()}
 
 
 def rollout_policy(rollout_config: Any) -> str:

@@ -118,7 +118,7 @@ def _train_env(config: DictConfig) -> tuple[str, int, dict] | None:
 def _check_policies(config: DictConfig) -> None:
     """The ``pettingllms`` section: schema, policies (models, tokenizers, pools), roles vs the env."""
     from pettingllms_verl import envs
-    from pettingllms_verl.config import SECTION, SettingsError, load
+    from pettingllms_verl.config import ADAPTER_GROUP, SECTION, SettingsError, load
 
     try:
         settings = load(config.pettingllms)
@@ -148,12 +148,15 @@ def _check_policies(config: DictConfig) -> None:
                 )
         if policy.pool == "own" and (policy.n_gpus_per_node == 0 or policy.nnodes == 0):
             raise ConfigError(f"{key}.n_gpus_per_node", "a pool of its own with no GPU", "give it at least one GPU, or pool: shared")
-    if len(table) > 1 and _select(config, "actor_rollout_ref.rollout.name") == "vllm":
+    groups = settings.groups()
+    if ADAPTER_GROUP in groups:
+        _check_adapters(config, settings, groups)
+    if len(groups) > 1 and str(_select(config, "actor_rollout_ref.rollout.name")).startswith("vllm"):
         raise ConfigError(
             "actor_rollout_ref.rollout.name",
-            "vllm with several policies: verl 0.9.1 names vLLM server actors by replica rank only, so a second "
-            "policy's replicas would collide",
-            "use actor_rollout_ref.rollout.name=hf for a model per role (L2)",
+            "vllm with several worker groups (full-model policies): verl 0.9.1 names vLLM server actors by replica "
+            "rank only, so a second group's replicas would collide",
+            "use actor_rollout_ref.rollout.name=hf for a model per role (L2), or LoRA adapters per role (L1)",
         )
     if len(table) > 1 and _select(config, "algorithm.adv_estimator") != "at_grpo":
         raise ConfigError(
@@ -167,6 +170,81 @@ def _check_policies(config: DictConfig) -> None:
         )
     if len(table) > 1 and _select(config, "trainer.v1.trainer_mode") != "mas_sync":
         raise ConfigError("trainer.v1.trainer_mode", f"{len(table)} policies need the multi-policy trainer", "set trainer.v1.trainer_mode=mas_sync")
+
+
+def _check_adapters(config: DictConfig, settings: Any, groups: dict[str, list[str]]) -> None:
+    """LoRA adapters per role (L1): verl settings they need, their starting weights, and the base
+    model's module names (targets must exist; peft finds an adapter's tensors by its name)."""
+    from pettingllms_verl.config import ADAPTER_GROUP, SECTION
+
+    adapters = groups[ADAPTER_GROUP]
+    if _select(config, "actor_rollout_ref.model.lora.merge"):
+        raise ConfigError(
+            "actor_rollout_ref.model.lora.merge", f"true with {len(adapters)} adapters: verl merges the active "
+            "adapter into the base for the rollout, which would then serve one role's weights to every role",
+            "set actor_rollout_ref.model.lora.merge=false (each adapter is synced by name)",
+        )
+    if _select(config, "actor_rollout_ref.actor.strategy") not in ("fsdp2", None):
+        raise ConfigError("actor_rollout_ref.actor.strategy", f"{_select(config, 'actor_rollout_ref.actor.strategy')!r}: "
+                          "several adapters on one base need FSDP2", "set actor_rollout_ref.actor.strategy=fsdp2")
+    rollout = _select(config, "actor_rollout_ref.rollout.name")
+    if rollout not in ("hf", "vllm_multilora"):
+        raise ConfigError("actor_rollout_ref.rollout.name", f"{rollout!r} serves one LoRA adapter (verl 0.9.1)",
+                          "use hf, or vllm_multilora (several adapters per vLLM server)")
+    needs_ref = _select(config, "actor_rollout_ref.actor.use_kl_loss") or _select(config, "algorithm.use_kl_in_reward")
+    if needs_ref and len(groups) > 1:
+        raise ConfigError(
+            "actor_rollout_ref.actor.use_kl_loss", "a reference model in a run that mixes adapter policies with "
+            "full-model policies: the adapters' reference is their base with adapters off, the full models "
+            "would have none", "turn the KL terms off, or make every policy an adapter (or every one a full model)",
+        )
+    modules = _module_names(_select(config, "actor_rollout_ref.model.path"))
+    table = settings.policy_table()
+    for name in adapters:
+        adapter, key = table[name].adapter, f"{SECTION}.policies.{name}.adapter"
+        if modules is not None:
+            clash = next((module for module in modules if name in module), None)
+            if clash is not None:
+                raise ConfigError(key, f"the adapter name {name!r} is part of the base model's module name {clash!r} "
+                                  "(peft finds an adapter's tensors by its name)", "rename the policy")
+            missing = [t for t in adapter.target_modules if t != "all-linear" and not any(m == t or m.endswith(f".{t}") for m in modules)]
+            if missing:
+                leaves = sorted({m.rsplit(".", 1)[-1] for m in modules if "layers.0." in m})
+                raise ConfigError(f"{key}.target_modules", f"the model has no module {missing[0]!r}",
+                                  f"use module names of its layers, e.g. {leaves[:8]}, or [all-linear]")
+        if adapter.path is not None:
+            _check_adapter_path(f"{key}.path", adapter.path, adapter.rank)
+
+
+def _check_adapter_path(key: str, path: str, rank: int) -> None:
+    from peft import PeftConfig
+
+    folder = os.path.expanduser(path)
+    weights = [f for f in ("adapter_model.safetensors", "adapter_model.bin") if os.path.isfile(os.path.join(folder, f))]
+    try:
+        config = PeftConfig.from_pretrained(folder)
+    except Exception as error:
+        raise ConfigError(key, f"{path} does not load as a peft adapter ({type(error).__name__}: {str(error).splitlines()[0]})",
+                          "point it at a folder with adapter_config.json and adapter_model.safetensors (peft save_pretrained)") from None
+    if not weights:
+        raise ConfigError(key, f"{path} has adapter_config.json but no adapter_model.safetensors", "point it at a complete peft adapter folder")
+    if getattr(config, "r", rank) != rank:
+        raise ConfigError(key.rsplit(".", 1)[0] + ".rank", f"{rank}, but the adapter at {path} has rank {config.r}", f"set it to {config.r}")
+
+
+def _module_names(model_path: Any) -> list[str] | None:
+    """The base model's module names, from its config on the meta device (no weights read); None
+    where the config cannot be read here."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        hf_config = AutoConfig.from_pretrained(os.path.expanduser(str(model_path)))
+    except Exception:
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return [name for name, _ in model.named_modules() if name]
 
 
 MAS_MANAGER = "pettingllms_verl.rollout.worker.MASAgentLoopManager"

@@ -44,6 +44,7 @@ def _check() -> list[str]:
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
+    from pettingllms_verl.backends import vllm_multilora
     from pettingllms_verl.data.rows import EPISODE_AGENT
     from pettingllms_verl.trainer.mas_trainer import TRAINER_MODE
 
@@ -60,6 +61,10 @@ def _check() -> list[str]:
         missing.append("rollout replica 'hf'")
     if _ROLLOUT_REGISTRY.get(("hf", "async")) != _HF_ADAPTER:
         missing.append("rollout adapter ('hf', 'async')")
+    if vllm_multilora.ROLLOUT_NAME not in RolloutReplicaRegistry._registry:
+        missing.append(f"rollout replica '{vllm_multilora.ROLLOUT_NAME}'")
+    if _ROLLOUT_REGISTRY.get((vllm_multilora.ROLLOUT_NAME, "async")) != vllm_multilora.SERVER_ADAPTER:
+        missing.append(f"rollout adapter ('{vllm_multilora.ROLLOUT_NAME}', 'async')")
     if "cpu" not in EngineRegistry._engines["language_model"]["fsdp2"]:
         missing.append("FSDP engine for device 'cpu'")
     return missing
@@ -87,11 +92,13 @@ def register() -> None:
         return
     try:
         import pettingllms_verl.backends.cpu.platform  # noqa: F401  (registers platform "cpu")
+        from pettingllms_verl.backends import vllm_multilora
         from verl.workers.rollout.base import _ROLLOUT_REGISTRY
         from verl.workers.rollout.replica import RolloutReplicaRegistry
 
         RolloutReplicaRegistry.register("hf", _load_hf_replica)
         _ROLLOUT_REGISTRY[("hf", "async")] = _HF_ADAPTER
+        vllm_multilora.register()
         _register_cpu_engines()
         import pettingllms_verl.algo  # noqa: F401  (registers advantage estimator "at_grpo")
         import pettingllms_verl.trainer.mas_trainer  # noqa: F401  (registers V1 trainer "mas_sync")

@@ -174,11 +174,16 @@ def test_router_sends_each_request_to_its_policy_and_never_forwards_the_name():
             self.calls.append((request_id, kwargs))
             return TokenOutput(token_ids=[1], extra_fields=self.stamp)
 
-    clients = {"a": Recorder({"policy": "a"}), "b": Recorder({})}  # b: a server that stamps nothing (vLLM)
-    router = PolicyRouterClient(config=None, clients=clients)
+    clients = {"a": Recorder({"policy": "a"}), "b": Recorder({}), "lora": Recorder({})}  # b: stamps nothing (vLLM)
+    routes = {"a": ("a", None), "b": ("b", None), "coder": ("lora", "coder"), "tester": ("lora", "tester")}
+    router = PolicyRouterClient(config=None, clients=clients, routes=routes)
     assert asyncio.run(router.generate("r1", policy="a", prompt_ids=[1])).extra_fields["policy"] == "a"
     assert asyncio.run(router.generate("r2", policy="b", prompt_ids=[2])).extra_fields["policy"] == "b"
     assert clients["b"].calls == [("r2", {"prompt_ids": [2]})] and clients["a"].calls == [("r1", {"prompt_ids": [1]})]
+    # adapter policies (L1): one group's replicas, each request naming its policy's adapter
+    asyncio.run(router.generate("r3", policy="tester", prompt_ids=[3]))
+    asyncio.run(router.generate("r4", policy="coder", prompt_ids=[4]))
+    assert clients["lora"].calls == [("r3", {"prompt_ids": [3], "adapter": "tester"}), ("r4", {"prompt_ids": [4], "adapter": "coder"})]
     with pytest.raises(KeyError, match="no policy 'c'"):
         asyncio.run(router.generate("r2", policy="c", prompt_ids=[1]))
 

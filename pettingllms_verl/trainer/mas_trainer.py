@@ -1,11 +1,13 @@
 """verl V1 trainer ``mas_sync``: verl's synchronous trainer over a table of policies.
 
-Select it with ``trainer.v1.trainer_mode=mas_sync``. Each policy of ``pettingllms.policies`` (one
-``shared`` policy when none is listed: L0) is a worker group with its own rollout replicas and
-weight sync (``trainer/policies.py``). A step reads top to bottom:
+Select it with ``trainer.v1.trainer_mode=mas_sync``. The policies of ``pettingllms.policies`` (one
+``shared`` policy when none is listed: L0) live in worker groups, each with its own rollout
+replicas and weight sync (``trainer/policies.py``): a full-model policy is a group of its own (L2);
+the LoRA-adapter policies share one group on the base model, an adapter each (L1,
+``trainer/multi_lora.py``). A step reads top to bottom:
 
-    rollout (each role's requests go to its policy's replicas)
-    -> per policy: pad its own rows, old log-probs [+ ref] on its own worker group
+    rollout (each role's requests go to its policy's replicas [and adapter])
+    -> per policy: pad its own rows, old log-probs [+ ref] on its group [with its adapter active]
     -> one advantage pass over all rows (an AT-GRPO group never spans two policies)
     -> per trainable policy: update on its own rows
     -> weight sync of every trainable policy (strictly on-policy: checked per policy next step)
@@ -24,6 +26,7 @@ import os
 from collections import defaultdict
 
 import numpy as np
+import ray
 import torch
 import transfer_queue as tq
 from omegaconf import open_dict
@@ -40,12 +43,13 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.llm_server import LLMServerManager
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
-from pettingllms_verl.config import SECTION, load, policy_config
+from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load, policy_config
+from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 
 TRAINER_MODE = "mas_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
-POLICIES_DIR = "policies"  # global_step_N/policies/<name>/: one checkpoint per policy
+POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per worker group
 
 
 def episode_metrics(tags: list[dict]) -> dict[str, float]:
@@ -79,18 +83,20 @@ class MASTrainer(PPOTrainerSync):
     def __init__(self, config):
         self.settings = load(config.get(SECTION))
         self.policy_table = self.settings.policy_table()
-        self.first_policy = next(iter(self.policy_table))
-        if self.policy_table[self.first_policy].pool != "shared":
+        self.group_policies = self.settings.groups()  # group -> its policies; the adapters' group first
+        self.group_of = {policy: group for group, names in self.group_policies.items() for policy in names}
+        self.first_group = next(iter(self.group_policies))
+        if self.first_group != ADAPTER_GROUP and self.policy_table[self.first_group].pool != "shared":
             raise ValueError(
-                f"{SECTION}.policies.{self.first_policy}.pool: the first policy runs on the trainer's GPUs; "
+                f"{SECTION}.policies.{self.first_group}.pool: the first policy runs on the trainer's GPUs; "
                 "list a pool=shared policy first"
             )
-        # The first policy is verl's own actor group: its overrides go into the main config. The
-        # others start from actor_rollout_ref as configured, never from the first policy's.
+        # The first group is verl's own actor group: its settings go into the main config. The
+        # others start from actor_rollout_ref as configured, never from the first group's.
         self._configured_actor_rollout_ref = copy.deepcopy(config.actor_rollout_ref)
         with open_dict(config):
-            config.actor_rollout_ref = policy_config(config, self.first_policy).actor_rollout_ref
-        self.policies: dict[str, PolicyGroup] = {}
+            config.actor_rollout_ref = policy_config(config, self.first_group).actor_rollout_ref
+        self.groups: dict[str, PolicyGroup] = {}
         super().__init__(config)
 
     @property
@@ -117,33 +123,41 @@ class MASTrainer(PPOTrainerSync):
         super()._init_resource_pool_mgr()
         if self.use_critic:
             raise ValueError("mas_sync trains GRPO-style estimators: a critic (algorithm.adv_estimator=gae) is not supported")
+        role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
+        self._full_model_worker = self.role_worker_mapping[role]  # verl's worker, for full-model groups
+        if self.first_group == ADAPTER_GROUP:
+            self.role_worker_mapping[role] = ray.remote(MultiLoRAActorRolloutRefWorker)
         spec = dict(self.resource_pool_manager.resource_pool_spec)
         trainer = self.config.trainer
-        for name, policy in self.policy_table.items():
-            if policy.pool == "own":
+        for name in self.group_policies:
+            policy = self.policy_table.get(name)
+            if policy is not None and policy.pool == "own":
                 spec[f"policy_{name}"] = policy.own_pool(trainer.n_gpus_per_node, trainer.nnodes)
-        shared = sum(policy.pool == "shared" for policy in self.policy_table.values())
-        # one process per shared policy on each GPU of the trainer's pool (+1 for a reward model)
+        shared = sum(name == ADAPTER_GROUP or self.policy_table[name].pool == "shared" for name in self.group_policies)
+        # one process per shared group on each GPU of the trainer's pool (+1 for a reward model)
         self.resource_pool_manager = ResourcePoolManager(
             resource_pool_spec=spec, mapping=self.mapping, max_colocate_count=max(3, shared + 1)
         )
 
     def _setup(self):
-        super()._setup()  # the first policy's group, its replicas and sync, reward loop; checkpoint load deferred
-        first = PolicyGroup(
-            self.first_policy, self.policy_table[self.first_policy].trainable, self.config,
-            self.actor_rollout_wg, self.llm_server_manager, self.checkpoint_manager,
-        )
-        self.policies = {first.name: first}
-        for name in list(self.policy_table)[1:]:
-            self.policies[name] = self._build_policy(name)
-        self.checkpoint_manager = MultiCheckpointManager(list(self.policies.values()))
+        super()._setup()  # the first group, its replicas and sync, reward loop; checkpoint load deferred
+        self.groups = {self.first_group: self._group(self.first_group, self.config, self.actor_rollout_wg, self.llm_server_manager, self.checkpoint_manager)}
+        for name in list(self.group_policies)[1:]:
+            self.groups[name] = self._build_group(name)
+        self.checkpoint_manager = MultiCheckpointManager(list(self.groups.values()))
         self.checkpoint_manager.sleep_replicas()
         self._load_checkpoint()
 
-    def _build_policy(self, name: str) -> PolicyGroup:
-        """A worker group, rollout replicas and weight sync for policy ``name`` (as verl's _setup does
-        for the actor), in its own processes: two policies never share a worker process."""
+    def _group(self, name: str, config, worker_group, servers, sync) -> PolicyGroup:
+        policies = self.group_policies[name]
+        return PolicyGroup(
+            name, any(self.policy_table[p].trainable for p in policies), config, worker_group, servers, sync,
+            adapters=tuple(policies) if name == ADAPTER_GROUP else (),
+        )
+
+    def _build_group(self, name: str) -> PolicyGroup:
+        """A worker group, rollout replicas and weight sync for the full-model policy ``name`` (as
+        verl's _setup does for the actor), in its own processes: two groups never share a worker process."""
         config = copy.deepcopy(self.config)
         with open_dict(config):
             config.actor_rollout_ref = copy.deepcopy(self._configured_actor_rollout_ref)
@@ -153,7 +167,7 @@ class MASTrainer(PPOTrainerSync):
         role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
         pool_name = "global_pool" if self.policy_table[name].pool == "shared" else f"policy_{name}"
         pool = self.resource_pool_manager.resource_pool_dict[pool_name]
-        worker = RayClassWithInitArgs(cls=self.role_worker_mapping[role], config=config.actor_rollout_ref, role=str(role))
+        worker = RayClassWithInitArgs(cls=self._full_model_worker, config=config.actor_rollout_ref, role=str(role))
         group = RayWorkerGroup(
             resource_pool=pool,
             ray_cls_with_init=create_colocated_worker_cls(class_dict={str(role): worker}),
@@ -164,14 +178,18 @@ class MASTrainer(PPOTrainerSync):
         sync_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
         sync_config.backend = "naive"  # as verl's own sync trainer
         sync = CheckpointEngineManager(config=sync_config, actor_wg=group, replicas=servers.get_replicas())
-        return PolicyGroup(name, self.policy_table[name].trainable, config, group, servers, sync)
+        return self._group(name, config, group, servers, sync)
 
     def get_llm_client(self) -> PolicyRouterClient:
-        clients = {name: group.servers.get_client() for name, group in self.policies.items()}
-        return PolicyRouterClient(self.config, clients)
+        clients = {name: group.servers.get_client() for name, group in self.groups.items()}
+        routes = {
+            policy: (self.group_of[policy], policy if policy in self.groups[self.group_of[policy]].adapters else None)
+            for policy in self.policy_table
+        }
+        return PolicyRouterClient(self.config, clients, routes)
 
     def _rollout_server_managers(self):
-        return [group.servers for group in self.policies.values()]
+        return [group.servers for group in self.groups.values()]
 
     @contextlib.contextmanager
     def _serving(self, group: PolicyGroup):
@@ -203,9 +221,10 @@ class MASTrainer(PPOTrainerSync):
         per_policy: dict[str, dict] = {name: {"rows": float(len(part))} for name, part in parts.items()}
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             for name, part in parts.items():
-                with self._serving(self.policies[name]):
+                with self._serving(self._group_of(name)):
                     part.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
                     part = self._balance_batch(part, metrics=per_policy[name])  # pads with this policy's rows only
+                    self._name_adapter(part, name)
                     parts[name] = self._compute_old_log_prob(part, metrics=per_policy[name])
                     if self.use_reference_policy:
                         parts[name] = self._compute_ref_log_prob(parts[name], metrics=per_policy[name])
@@ -220,24 +239,33 @@ class MASTrainer(PPOTrainerSync):
         if self.config.trainer.critic_warmup <= self.global_steps:
             with marked_timer("update_actor", timing_raw, color="red"):
                 for name, part in parts.items():
-                    if self.policies[name].trainable:
-                        with self._serving(self.policies[name]):
+                    if self.policy_table[name].trainable:
+                        with self._serving(self._group_of(name)):
+                            self._name_adapter(part, name)
                             self._update_actor(part, metrics=per_policy[name])
         self._merge_policy_metrics(metrics, per_policy)
         return batch
+
+    def _group_of(self, policy: str) -> PolicyGroup:
+        return self.groups[self.group_of[policy]]
+
+    def _name_adapter(self, part: KVBatchMeta, policy: str) -> None:
+        """A batch of the adapter group names the adapter its rows belong to (its policy's)."""
+        if policy in self._group_of(policy).adapters:
+            part.extra_info[ADAPTER_KEY] = policy
 
     def _partition(self, batch: KVBatchMeta) -> dict[str, KVBatchMeta]:
         """The batch's rows by policy (``mas_policy`` tag), each checked to come from its policy's
         current weights: a trainable policy's replies must come from the weights after the last update."""
         tags = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"]
-        keys: dict[str, list[str]] = {name: [] for name in self.policies}
+        keys: dict[str, list[str]] = {name: [] for name in self.policy_table}
         for key, tag in zip(batch.keys, tags):
             if "mas_policy" not in tag:
                 raise ValueError(f"row {key}: mas_sync trains the rows of the pettingllms_episode agent loop (dataset column agent_name)")
             policy = tag["mas_policy"]
             if tag["mas_served_by"] != [policy]:
                 raise AssertionError(f"row {key}: role {tag['mas_role']} of policy {policy!r} was served by {tag['mas_served_by']}")
-            if self.policies[policy].trainable and tag["mas_weight_versions"] != [self.global_steps - 1]:
+            if self.policy_table[policy].trainable and tag["mas_weight_versions"] != [self.global_steps - 1]:
                 raise AssertionError(
                     f"row {key}: policy {policy!r} sampled with weights of steps {tag['mas_weight_versions']}, "
                     f"expected {self.global_steps - 1} (off-policy rollout)"
@@ -248,7 +276,7 @@ class MASTrainer(PPOTrainerSync):
     def _merge_policy_metrics(self, metrics: dict, per_policy: dict[str, dict]) -> None:
         """``policy/<name>/...`` for every policy; verl's plain names (``actor/grad_norm``, ...) are
         the mean over the trainable policies (over all when every policy is frozen)."""
-        trainable = [name for name in per_policy if self.policies[name].trainable] or list(per_policy)
+        trainable = [name for name in per_policy if self.policy_table[name].trainable] or list(per_policy)
         plain: dict[str, list[float]] = defaultdict(list)
         for name, values in per_policy.items():
             for key, value in values.items():
@@ -337,11 +365,12 @@ class MASTrainer(PPOTrainerSync):
     # ------------------------------ checkpoints ------------------------------
 
     def _save_checkpoint(self):
-        """``global_step_N/policies/<name>/`` per policy (weights, optimizer, scheduler), the
-        dataloader, then the tracker file last: a step folder without it is never resumed from."""
+        """``global_step_N/policies/<group>/`` per worker group (weights, optimizer, scheduler; the
+        adapter group also each adapter in peft format), the dataloader, then the tracker file
+        last: a step folder without it is never resumed from."""
         trainer = self.config.trainer
         step_dir = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
-        for name, group in self.policies.items():
+        for name, group in self.groups.items():
             remote = None if trainer.default_hdfs_dir is None else os.path.join(
                 trainer.default_hdfs_dir, f"global_step_{self.global_steps}", POLICIES_DIR, name
             )
@@ -359,19 +388,19 @@ class MASTrainer(PPOTrainerSync):
 
     def _load_checkpoint(self):
         self.global_steps = 0
-        if not self.policies:
-            return  # called inside verl's _setup, before the other policies exist; _setup calls it again
+        if not self.groups:
+            return  # called inside verl's _setup, before the other groups exist; _setup calls it again
         step_dir = self._resume_folder()
         if step_dir is None:
             return
         self.global_steps = int(step_dir.split("global_step_")[-1])
-        print(f"mas_sync: resuming {sorted(self.policies)} from {step_dir} (step {self.global_steps})", flush=True)
-        for name, group in self.policies.items():
+        print(f"mas_sync: resuming {sorted(self.groups)} from {step_dir} (step {self.global_steps})", flush=True)
+        for name, group in self.groups.items():
             path = os.path.join(step_dir, POLICIES_DIR, name)
-            if len(self.policies) == 1 and not os.path.isdir(path):
+            if len(self.groups) == 1 and not os.path.isdir(path):
                 path = os.path.join(step_dir, "actor")  # a one-policy checkpoint in verl's own layout
             if not os.path.isdir(path):
-                raise FileNotFoundError(f"{path}: no checkpoint of policy {name!r} in {step_dir} (was it added to {SECTION}.policies later?)")
+                raise FileNotFoundError(f"{path}: no checkpoint of group {name!r} in {step_dir} (was it added to {SECTION}.policies later?)")
             group.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
         data = os.path.join(step_dir, "data.pt")
         if os.path.exists(data):

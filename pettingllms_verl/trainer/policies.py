@@ -18,29 +18,35 @@ from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
 
 @dataclass
 class PolicyGroup:
-    name: str
-    trainable: bool
+    name: str  # a full-model policy's name, or "lora" for the adapter policies' group
+    trainable: bool  # any of its policies is trainable
     config: DictConfig  # the whole trainer config as this policy sees it (config.policy_config)
     worker_group: Any  # RayWorkerGroup of ActorRolloutRefWorker: old log-probs, updates, checkpoints
     servers: LLMServerManager  # its rollout replicas and their load balancer
     sync: CheckpointEngineManager  # pushes its actor's weights to its replicas
-    synced: bool = False  # a frozen policy is synced once (after loading a checkpoint), then never again
+    synced: bool = False  # a frozen group is synced once (after loading a checkpoint), then never again
+    adapters: tuple[str, ...] = ()  # the adapter policies of the group (L1); () for a full model
 
 
 class PolicyRouterClient(LLMServerClient):
-    """verl's LLM client, one per policy; ``generate(..., policy=name)`` goes to that policy's replicas."""
+    """verl's LLM client over the groups; ``generate(..., policy=name)`` goes to that policy's
+    group's replicas, naming its adapter (``adapter=``) when the policy is one."""
 
-    def __init__(self, config: DictConfig, clients: dict[str, LLMServerClient]):
+    def __init__(self, config: DictConfig, clients: dict[str, LLMServerClient], routes: dict[str, tuple[str, str | None]]):
         super().__init__(config=config, load_balancer_handle=None)
-        self.clients = clients
+        self.clients = clients  # group -> its load balancer's client
+        self.routes = routes  # policy -> (group, adapter or None)
 
     async def generate(self, request_id, *, policy: str | None = None, **kwargs: Any):
         # `policy` must not reach the server: verl forwards unknown kwargs to server.generate.
-        if policy is None and len(self.clients) == 1:
-            policy = next(iter(self.clients))
-        if policy not in self.clients:
-            raise KeyError(f"no policy {policy!r} in this run; policies: {sorted(self.clients)}")
-        output = await self.clients[policy].generate(request_id, **kwargs)
+        if policy is None and len(self.routes) == 1:
+            policy = next(iter(self.routes))
+        if policy not in self.routes:
+            raise KeyError(f"no policy {policy!r} in this run; policies: {sorted(self.routes)}")
+        group, adapter = self.routes[policy]
+        if adapter is not None:
+            kwargs["adapter"] = adapter
+        output = await self.clients[group].generate(request_id, **kwargs)
         # the hf server stamps the policy it serves; verl's vLLM/SGLang servers do not: the router's word then
         output.extra_fields.setdefault("policy", policy)
         return output

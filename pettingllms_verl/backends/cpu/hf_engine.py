@@ -227,6 +227,8 @@ class HFGenerationEngine:
         without anyone noticing).
         """
         state = self._base_state()
+        # a LoRA-enabled trainer names adapted layers' weights `<layer>.base_layer.weight`
+        named_tensors = {_base_name(name): tensor for name, tensor in named_tensors.items()}
         unknown = sorted(set(named_tensors) - set(state))
         if unknown:
             raise KeyError(f"hf rollout: {len(unknown)} weight names not in the rollout model, e.g. {unknown[:3]}")

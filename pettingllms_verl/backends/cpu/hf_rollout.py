@@ -124,6 +124,7 @@ class HFRolloutServer:
         self.response_length = int(rollout_config.response_length)
         self.policy = rollout_policy(rollout_config)  # stamped on every reply: which policy served it
         self.global_steps: int | None = None
+        self.adapter_steps: dict[str, int | None] = {}  # adapter -> global step of its weights
         self.generate_calls = 0  # engine calls; exposed for tests and benchmarks
         self._pending: list[tuple[list[int], SamplingSpec, str | None, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
@@ -149,11 +150,14 @@ class HFRolloutServer:
         self._pending.append((prompt_ids, spec, adapter, future))
         self._wakeup.set()
         generation = await future
+        # which weights answered: an adapter is a policy of its own (L1), with its own version
+        served_by = self.policy if adapter is None else adapter
+        version = self.global_steps if adapter is None else self.adapter_steps.get(adapter)
         return TokenOutput(
             token_ids=generation.token_ids,
             log_probs=generation.log_probs,
             stop_reason="completed",
-            extra_fields={"global_steps": self.global_steps, "policy": self.policy},
+            extra_fields={"global_steps": version, "policy": served_by},
         )
 
     async def _serve_batches(self) -> None:
@@ -183,14 +187,18 @@ class HFRolloutServer:
             self.global_steps = global_steps
         return loaded
 
-    async def load_adapter(self, name: str, named_tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
+    async def load_adapter(
+        self, name: str, named_tensors: dict[str, torch.Tensor], config: dict[str, Any], global_steps: int | None = None
+    ) -> int:
         """Add or refresh LoRA adapter ``name`` (only its tensors travel; the base stays as it is)."""
-        return await asyncio.to_thread(self.engine.load_adapter, name, named_tensors, config)
+        loaded = await asyncio.to_thread(self.engine.load_adapter, name, named_tensors, config)
+        self.adapter_steps[name] = global_steps
+        return loaded
 
     def get_stats(self) -> dict[str, Any]:
         return {
             "generate_calls": self.generate_calls, "device": self.device, "global_steps": self.global_steps,
-            "policy": self.policy, "adapters": self.engine.adapters,
+            "policy": self.policy, "adapters": self.engine.adapters, "adapter_steps": dict(self.adapter_steps),
         }
 
     # Memory management. On CPU there is nothing to free, so these are explicit no-ops; on CUDA
@@ -297,9 +305,11 @@ class HFServerAdapter(BaseRollout):
     ) -> None:
         if wire_format != "named_tensors":
             raise ValueError(f"hf rollout: unsupported weight wire format {wire_format!r} (use checkpoint engine 'naive')")
-        if kwargs.get("peft_config") is not None:
+        peft_config, lora_name = kwargs.get("peft_config"), kwargs.get("lora_name")
+        if peft_config is not None and lora_name is None:
             raise NotImplementedError(
-                "hf rollout: LoRA adapters are synced merged; set actor_rollout_ref.model.lora.merge=True"
+                "hf rollout: verl's single unnamed LoRA adapter is synced merged; set actor_rollout_ref.model.lora.merge=True "
+                "(or give each role an adapter: pettingllms.policies.<name>.adapter)"
             )
         # Every rank must drain the generator (it performs collective gathers); only the sender keeps
         # a host copy, already in the rollout's dtype (the trainer's full tensors are fp32 masters).
@@ -307,5 +317,9 @@ class HFServerAdapter(BaseRollout):
         for name, tensor in weights:
             if self.is_sender:
                 named[name] = tensor.detach().to(_torch_dtype(str(self.config.dtype), tensor.device.type)).to("cpu", copy=True)
-        if self.is_sender:
+        if not self.is_sender:
+            return
+        if lora_name is not None:  # one adapter's tensors only (L1)
+            await self.server.load_adapter.remote(lora_name, named, dict(peft_config), kwargs.get("global_steps"))
+        else:
             await self.server.update_weights.remote(named, kwargs.get("global_steps"))
