@@ -160,12 +160,12 @@ def test_two_policies_pass(tmp_path, plan_path_rows):
          "ray_kwargs.ray_init.num_gpus", "1 Ray GPU slots for 3 ranks"),
         ({"pettingllms.policies.b.pool": "own", "pettingllms.policies.b.n_gpus_per_node": 0},
          "pettingllms.policies.b.n_gpus_per_node", "no GPU"),
-        ({"actor_rollout_ref.rollout.name": "vllm"}, "actor_rollout_ref.rollout.name", "vllm with several policies"),
+        ({"actor_rollout_ref.rollout.name": "vllm"}, "actor_rollout_ref.rollout.name", "vllm with several worker groups"),
         ({"trainer.v1.trainer_mode": "sync"}, "trainer.v1.trainer_mode", "2 policies need the multi-policy trainer"),
         ({"algorithm.adv_estimator": "grpo"}, "algorithm.adv_estimator", "would mix rows of different policies"),
         ({"actor_rollout_ref.actor.checkpoint.async_save": "true"}, "actor_rollout_ref.actor.checkpoint.async_save",
          "asynchronous saves with several policies"),
-        ({"pettingllms.policies.a.adapter.rank": 8}, "pettingllms.policies.a.adapter", "not supported yet"),
+        ({"pettingllms.policies.a.adapter.rank": 8}, "pettingllms.policies.a.adapter", "collides with peft's own names"),
         ({"pettingllms.swap_policies": "[a,c]"}, "pettingllms.swap_policies", "unknown policies ['c']"),
     ],
 )
@@ -184,6 +184,63 @@ def test_policies_with_another_tokenizer_are_refused(tmp_path, plan_path_rows, t
     with pytest.raises(ConfigError, match="has another tokenizer") as error:
         check(two_policies(tmp_path, plan_path_rows, **{**same, "pettingllms.policies.b.overrides.model.path": other}))
     assert error.value.key == "pettingllms.policies.b.overrides.model.path"
+
+
+def two_adapters(tmp_path, rows, model, tool="tool_adapter", **overrides):
+    """A valid L1 config on Plan-Path rows: a LoRA adapter per role on the tiny model, one frozen."""
+    base = {
+        "data.train_files": rows,
+        "actor_rollout_ref.model.path": model,
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        f"pettingllms.policies.{tool}.adapter.rank": 8,
+        "pettingllms.policies.plan_adapter.adapter.target_modules": "[q_proj,v_proj]",
+        "pettingllms.policies.plan_adapter.trainable": "false",
+        "pettingllms.roles.tool.policy": tool,
+        "pettingllms.roles.plan.policy": "plan_adapter",
+    }
+    return mas_config(tmp_path, **{**base, **overrides})
+
+
+def test_two_adapters_pass(tmp_path, plan_path_rows, tiny_model_dir):
+    check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir))
+
+
+@pytest.mark.parametrize(
+    "overrides, key, problem",
+    [
+        ({"actor_rollout_ref.model.lora.merge": "true"}, "actor_rollout_ref.model.lora.merge", "true with 2 adapters"),
+        ({"pettingllms.policies.tool_adapter_v2.adapter.rank": 8}, "pettingllms.policies.tool_adapter.adapter",
+         "adapter names collide"),
+        ({"pettingllms.policies.plan_adapter.pool": "own"}, "pettingllms.policies.plan_adapter.adapter",
+         "cannot have a pool of its own"),
+        ({"pettingllms.policies.plan_adapter.overrides.model.path": "/models/other"},
+         "pettingllms.policies.plan_adapter.adapter", "cannot have overrides.model"),
+        ({"pettingllms.policies.plan_adapter.adapter.target_modules": "[q_proj,qq_proj]"},
+         "pettingllms.policies.plan_adapter.adapter.target_modules", "the model has no module 'qq_proj'"),
+        ({"pettingllms.policies.tool_adapter.adapter.path": "/nonexistent/adapter"},
+         "pettingllms.policies.tool_adapter.adapter.path", "does not load as a peft adapter"),
+        ({"actor_rollout_ref.rollout.name": "vllm"}, "actor_rollout_ref.rollout.name", "serves one LoRA adapter"),
+        ({"tool": "self_attn"}, "pettingllms.policies.self_attn.adapter",
+         "part of the base model's module name 'model.layers.0.self_attn'"),
+    ],
+)
+def test_bad_adapter_config_names_the_key(tmp_path, plan_path_rows, tiny_model_dir, overrides, key, problem):
+    with pytest.raises(ConfigError) as error:
+        check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **overrides))
+    assert error.value.key == key and problem in str(error.value), str(error.value)
+
+
+def test_an_adapter_path_of_another_rank_is_refused(tmp_path, plan_path_rows, tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    saved = tmp_path / "adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(saved)
+    check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **{
+        "pettingllms.policies.tool_adapter.adapter.path": str(saved), "pettingllms.policies.tool_adapter.adapter.rank": 4}))
+    with pytest.raises(ConfigError, match="has rank 4") as error:
+        check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **{"pettingllms.policies.tool_adapter.adapter.path": str(saved)}))
+    assert error.value.key == "pettingllms.policies.tool_adapter.adapter.rank"
 
 
 def mas_config(tmp_path, **overrides):

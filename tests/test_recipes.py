@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
-NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_full|sa_grpo)_(?P<target>cpu|qwen3_1p7b|qwen3_8b)$")
+NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_full|mas_lora|sa_grpo)_(?P<target>cpu|qwen3_1p7b|qwen3_8b)$")
 EPISODE_RECIPES = [name for name in RECIPES if NAME.match(name)]
 GPU_RECIPES = [name for name in EPISODE_RECIPES if NAME.match(name)["target"] != "cpu"]
 GPU_MODELS = {"qwen3_1p7b": ("Qwen/Qwen3-1.7B", 1), "qwen3_8b": ("Qwen/Qwen3-8B", 2)}  # model, vLLM TP
@@ -218,7 +218,7 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
     rollout = cfg.actor_rollout_ref.rollout
     assert rollout.agent.agent_loop_manager_class == MAS_MANAGER
     assert cfg.trainer.v1.trainer_mode == "mas_sync"
-    if parts["mode"] in ("mas_atgrpo", "mas_full"):
+    if parts["mode"] in ("mas_atgrpo", "mas_full", "mas_lora"):
         assert (settings.workflow, settings.rollout_mode, cfg.algorithm.adv_estimator) == ("mas", "tree", "at_grpo")
         assert rollout.n == 1 and settings.k > 1  # the K branches live inside one tree
     else:
@@ -226,8 +226,8 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
         assert rollout.n > 1  # the GRPO group
     if parts["target"] == "cpu":
         assert (cfg.trainer.device, rollout.name) == ("cpu", "hf")
-    else:  # vLLM, except a model per role (L2): the hf replica, see pettingllms_verl/preflight.py
-        assert (cfg.trainer.device, rollout.name) == ("cuda", "hf" if parts["mode"] == "mas_full" else "vllm")
+    else:  # vLLM, except several policies: the hf replica (see pettingllms_verl/preflight.py, README)
+        assert (cfg.trainer.device, rollout.name) == ("cuda", "vllm" if parts["mode"] == "mas_atgrpo" else "hf")
         assert (cfg.actor_rollout_ref.model.path, rollout.tensor_model_parallel_size) == GPU_MODELS[parts["target"]]
     assert cfg.trainer.default_local_dir == f"{artifacts}/checkpoints/{name}"
 
@@ -278,7 +278,7 @@ def test_gpu_recipe_has_the_reference_hyperparameters(name, recipe):
     cfg, _ = recipe(name)
     settings = cfg.pettingllms
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    assert actor.optim.lr == 1e-6
+    assert actor.optim.lr == (1e-5 if NAME.match(name)["mode"] == "mas_lora" else 1e-6)  # adapters: 10x
     assert actor.clip_ratio == actor.clip_ratio_low == actor.clip_ratio_high == 0.2
     assert (actor.use_kl_loss, cfg.algorithm.use_kl_in_reward, actor.entropy_coeff) == (False, False, 0)
     assert actor.loss_agg_mode == "token-mean" and actor.strategy == "fsdp2"
@@ -287,7 +287,7 @@ def test_gpu_recipe_has_the_reference_hyperparameters(name, recipe):
         assert settings.env_kwargs.max_turns == 5
     else:  # the games set their own length: tictactoe a fixed 5 turns, hanabi the whole game
         assert "max_turns" not in settings.get("env_kwargs", {})
-    if NAME.match(name)["mode"] in ("mas_atgrpo", "mas_full"):
+    if NAME.match(name)["mode"] in ("mas_atgrpo", "mas_full", "mas_lora"):
         assert (settings.k, rollout.n, cfg.algorithm.adv_estimator) == (8, 1, "at_grpo")
     else:
         assert (rollout.n, cfg.algorithm.adv_estimator) == (8, "grpo")  # K = 8 episodes, the same budget

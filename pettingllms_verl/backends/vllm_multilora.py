@@ -31,9 +31,7 @@ import os
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
-from omegaconf import DictConfig, OmegaConf
-
-from pettingllms_verl.config import ADAPTERS_KEY, rollout_policy
+from pettingllms_verl.config import ADAPTERS_KEY, adapter_table, rollout_policy
 
 ROLLOUT_NAME = "vllm_multilora"
 SERVER_ADAPTER = f"{__name__}.MultiLoRAServerAdapter"
@@ -47,33 +45,6 @@ UNSYNCED_PATH = "pettingllms-adapter-not-synced-yet"
 
 # The adapter of the request being served (set around verl's generate, read by the engine wrapper).
 _REQUEST_LORA: contextvars.ContextVar[Any] = contextvars.ContextVar("pettingllms_request_lora", default=None)
-
-
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
-
-
-def adapter_table(model_config: Any) -> dict[str, dict[str, Any]]:
-    """name -> {rank, alpha, target_modules, trainable, path} from ``model.lora.pettingllms_adapters``
-    (a DictConfig, dict, or verl's HFModelConfig); empty if there is none.
-
-    Accepts peft's spellings ``r``/``lora_alpha`` too: ``pettingllms_verl.config.policy_config``
-    writes the table as peft ``LoraConfig`` fields.
-    """
-    lora = _plain(model_config.get("lora")) or {}
-    table = _plain(lora.get(ADAPTERS_KEY)) or {}
-    out = {}
-    for name, spec in table.items():
-        spec = dict(_plain(spec))
-        targets = spec.get("target_modules") or []
-        out[str(name)] = {
-            "rank": int(spec["rank"] if "rank" in spec else spec["r"]),
-            "alpha": int(spec["alpha"] if "alpha" in spec else spec["lora_alpha"]),
-            "target_modules": [targets] if isinstance(targets, str) else list(targets),
-            "trainable": bool(spec.get("trainable", True)),
-            "path": spec.get("path"),
-        }
-    return out
 
 
 def lora_int_id(name: str, names: Iterable[str]) -> int:
@@ -95,7 +66,7 @@ def server_engine_overrides(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "enable_lora": True,
         "max_loras": len(table),
         "max_cpu_loras": len(table),
-        "max_lora_rank": max(spec["rank"] for spec in table.values()),
+        "max_lora_rank": max(spec["r"] for spec in table.values()),
     }
 
 
