@@ -1,8 +1,12 @@
-"""Step time and peak memory of one shared policy (L0) vs a full model per role (L2).
+"""Step time and peak memory of one shared policy (L0) vs a LoRA adapter per role (L1) vs a full
+model per role (L2).
 
 Runs Plan-Path MAS AT-GRPO through ``python -m verl.trainer.main_ppo`` for a few steps per
-configuration (``plan_path_mas_atgrpo_cpu`` for L0, ``plan_path_mas_full_cpu`` for L2 with two
-models; both with 2 optimizer steps per policy per training step), on the warm-started tiny model and on a random ~100M-parameter model with the same
+configuration (``plan_path_mas_atgrpo_cpu`` for L0, ``plan_path_mas_lora_cpu`` for L1 with two
+adapters, and with four (two more, resident and synced every step but serving no role: the
+preflight, which refuses a policy no role uses, is off for that run), ``plan_path_mas_full_cpu``
+for L2 with two models; all with 2 optimizer steps per policy per training step, on the same
+rows), on the warm-started tiny model and on a random ~100M-parameter model with the same
 tokenizer. While a run goes, the resident memory of its Ray processes is sampled every 0.5 s and
 summed per kind: trainer workers (``WorkerDict``: FSDP actor, optimizer) and rollout servers
 (``HFRolloutServer``). Step time is the mean ``timing_s/step`` of the run's steps after the first.
@@ -22,7 +26,14 @@ import time
 import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = {"L0": "plan_path_mas_atgrpo_cpu", "L2 (2 models)": "plan_path_mas_full_cpu"}
+MODES = {  # name -> (recipe, extra overrides)
+    "L0": ("plan_path_mas_atgrpo_cpu", []),
+    "L1 (2 adapters)": ("plan_path_mas_lora_cpu", []),
+    "L1 (4 adapters)": ("plan_path_mas_lora_cpu", [
+        "~hydra.callbacks.preflight", "+pettingllms.policies.spare_one.adapter.rank=8", "+pettingllms.policies.spare_two.adapter.rank=8",
+    ]),
+    "L2 (2 models)": ("plan_path_mas_full_cpu", []),
+}
 KINDS = {"trainer": "WorkerDict", "rollout": "HFRolloutServer"}
 # ~100M parameters: 12 layers of hidden 768 (head_dim 64), MLP 2048, the tiny tokenizer's 1024 tokens
 MODEL_100M = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12, intermediate_size=2048)
@@ -58,13 +69,14 @@ def peak_memory(stop: threading.Event, peaks: dict[str, float]) -> None:
         stop.wait(0.5)
 
 
-def run(root: str, recipe: str, model: str, steps: int) -> dict:
-    log = os.path.join(root, f"{recipe}_{os.path.basename(model)}.jsonl")
+def run(root: str, recipe: str, overrides: list[str], model: str, steps: int) -> dict:
+    log = os.path.join(root, f"{recipe}_{len(overrides)}_{os.path.basename(model)}.jsonl")
     command = [
         sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"),
         "--config-name", recipe, f"trainer.total_training_steps={steps}", f"actor_rollout_ref.model.path={model}",
         "trainer.save_freq=-1", "trainer.resume_mode=disable",
-        "++pettingllms.mini_batches_per_step=2",  # the same optimizer work per policy in both modes
+        "++pettingllms.mini_batches_per_step=2",  # the same optimizer work per policy in every mode
+        *overrides,
     ]
     peaks: dict[str, float] = {}
     stop = threading.Event()
@@ -84,19 +96,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="training steps per run (the first is not timed)")
     parser.add_argument("--models", default="tiny,100m", help="comma-separated: tiny, 100m")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from: {', '.join(MODES)} (L0 first: the ratios)")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "policies.json"))
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="bench_policies_")
     models = prepare(root, args.models.split(","))
     rows = []
-    print(f"{'model':<6} {'mode':<14} {'step s':>8} {'trainer GiB':>12} {'rollout GiB':>12}", flush=True)
+    modes = args.modes.split(",")
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        sys.exit(f"--modes: unknown {unknown}; from: {list(MODES)}")
+    print(f"{'model':<6} {'mode':<16} {'step s':>8} {'trainer GiB':>12} {'rollout GiB':>12} {'step/L0':>8} {'memory/L0':>10}", flush=True)
     for model_name, path in models.items():
-        for mode, recipe in MODES.items():
-            figures = {"model": model_name, "mode": mode, **run(root, recipe, path, args.steps)}
+        l0 = None
+        for mode in modes:
+            recipe, overrides = MODES[mode]
+            figures = {"model": model_name, "mode": mode, **run(root, recipe, overrides, path, args.steps)}
+            l0 = l0 or figures
+            figures["step_vs_l0"] = figures["step_s"] / l0["step_s"]
+            figures["memory_vs_l0"] = (figures["trainer_gib"] + figures["rollout_gib"]) / (l0["trainer_gib"] + l0["rollout_gib"])
             rows.append(figures)
-            print(f"{model_name:<6} {mode:<14} {figures['step_s']:>8.2f} {figures['trainer_gib']:>12.2f} {figures['rollout_gib']:>12.2f}", flush=True)
-        l0, l2 = rows[-2], rows[-1]
-        print(f"{model_name:<6} {'L2 / L0':<14} {l2['step_s'] / l0['step_s']:>8.2f}x", flush=True)
+            print(f"{model_name:<6} {mode:<16} {figures['step_s']:>8.2f} {figures['trainer_gib']:>12.2f} {figures['rollout_gib']:>12.2f} "
+                  f"{figures['step_vs_l0']:>7.2f}x {figures['memory_vs_l0']:>9.2f}x", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=2)

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 RECIPE = "plan_path_mas_lora_cpu"
 POLICY_OF = {"tool": "tool_adapter", "plan": "plan_adapter"}  # its roles' adapters
 K_MINI_BATCHES = 2  # its pettingllms.mini_batches_per_step
+LR, WARMUP = 2e-3, 10  # its actor LR; the warm-up steps of the first run
 
 
 def saved_group(step_dir, group: str = "lora") -> dict:
@@ -55,10 +56,11 @@ def base_tensors(params: dict) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def l1_run(artifacts):
     """3 steps; greedy tool replies: every tool group ties, so all of tool_adapter's rows have zero
-    advantage (with no weight decay its adapter must not move while plan_adapter trains)."""
+    advantage (with no weight decay its adapter must not move while plan_adapter trains). A 10-step
+    LR warm-up shows each adapter's own schedule position."""
     dump = artifacts / "l1_batches"
     metrics = run_recipe(
-        artifacts, RECIPE, f"+pettingllms.batch_dump_dir={dump}",
+        artifacts, RECIPE, f"+pettingllms.batch_dump_dir={dump}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={WARMUP}",
         "+pettingllms.roles.tool.sampling.temperature=0", "actor_rollout_ref.actor.optim.weight_decay=0",
     )
     return metrics, dumped_rows(dump)
@@ -75,6 +77,8 @@ def test_l1_runs_three_steps_with_metrics_per_adapter(l1_run):
                 assert f"policy/{adapter}/{key}" in data, (adapter, key)
             # the replica served each adapter with the trainer's current tensors (fp32 both sides)
             assert data[f"policy/{adapter}/training/rollout_probs_diff_mean"] < 1e-5
+            # one schedule step per adapter per training step: a shared schedule would be at 2 x step
+            assert data[f"policy/{adapter}/actor/lr"] == pytest.approx(LR * m["step"] / WARMUP)
 
 
 def test_every_request_was_served_with_its_roles_adapter(l1_run):
@@ -185,14 +189,20 @@ def test_code_team_with_a_frozen_tester_adapter(team_artifacts):
     """code_mas_lora_cpu: the coder's adapter learns, the tester's (trainable: false) generates and
     is never updated: no optimizer state, no schedule step, lora_B still zero after 3 steps."""
     dump = team_artifacts / "code_lora_batches"
-    metrics = run_recipe(team_artifacts, "code_mas_lora_cpu", f"+pettingllms.batch_dump_dir={dump}")
+    # with a KL term: the reference policy is the base with every adapter off (verl's no_lora_adapter)
+    metrics = run_recipe(team_artifacts, "code_mas_lora_cpu", f"+pettingllms.batch_dump_dir={dump}", "actor_rollout_ref.actor.use_kl_loss=true")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert m["data"]["policy/tester_adapter/rows"] > 0 and m["data"]["policy/coder_adapter/rows"] > 0
         assert "policy/coder_adapter/actor/grad_norm" in m["data"] and "policy/tester_adapter/actor/grad_norm" not in m["data"]
+        assert m["data"]["policy/coder_adapter/actor/kl_loss"] >= 0.0
+    assert metrics[-1]["data"]["policy/coder_adapter/actor/kl_loss"] > 0.0  # the trained adapter left the base
     rows = dumped_rows(dump)
     assert {(row["mas_role"], row["mas_policy"]) for row in rows} == {("tester", "tester_adapter"), ("coder", "coder_adapter")}
     assert all(row["mas_served_by"] == [row["mas_policy"]] for row in rows)
+    # the server's version of each adapter: the frozen one was sent once (before step 1), the coder's after every step
+    by_step = lambda role: {tuple(row["mas_weight_versions"]) for row in rows if row["mas_role"] == role}
+    assert by_step("tester") == {(0,)} and by_step("coder") == {(0,), (1,), (2,)}
     saved = saved_group(team_artifacts / "checkpoints" / "code_mas_lora_cpu" / "global_step_3")
     assert saved["adam_steps"] == {"coder_adapter": {3 * K_MINI_BATCHES}, "tester_adapter": set()}
     assert saved["schedules"] == {"coder_adapter": 3, "tester_adapter": 0}

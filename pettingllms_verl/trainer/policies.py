@@ -1,9 +1,11 @@
 """Several policies in one run: the routing table's runtime side.
 
-A policy is one worker group (FSDP actor + its rollout replicas + their weight sync), built from
-the trainer config with the policy's ``overrides`` merged into ``actor_rollout_ref``. L0 is the
-table of one policy; L2 is one group per role's policy. The rollout knows only "role -> policy
-name": ``PolicyRouterClient`` turns the name into that policy's load balancer.
+A worker group is one FSDP actor + its rollout replicas + their weight sync, built from the
+trainer config (``config.policy_config``). A full-model policy is a group of its own, with its
+``overrides`` merged into ``actor_rollout_ref``; the LoRA-adapter policies share the group
+``lora`` on the base model, an adapter each. L0 is the table of one policy; L1 one adapter per
+role; L2 one group per role. The rollout knows only "role -> policy name": ``PolicyRouterClient``
+turns the name into that policy's group's load balancer (and its adapter).
 """
 
 from __future__ import annotations
