@@ -3,10 +3,13 @@
 1. Tokens/s on the tiny model for N concurrent requests: batched (one generate per batch, as the
    server does) vs one request at a time. Greedy-free sampling at temperature 1 with eos disabled
    by a fixed token budget, so both modes generate the same number of tokens.
-2. (--step-metrics FILE) mean per-phase times of a quickstart run from verl's file logger,
+2. One prefill per shared prompt: K requests with one identical prompt (the K branches of an
+   AT-GRPO tree node), with the prompt's prefill shared vs run once per request, on the tiny model
+   and on a random ~100M-parameter one (bench_policies.py's).
+3. (--step-metrics FILE) mean per-phase times of a quickstart run from verl's file logger,
    skipping the run's first step (lazy worker start-up).
 
-    python benchmarks/bench_rollout.py [--requests 8] [--tokens 32] [--device cpu|cuda] [--step-metrics run.jsonl]
+    python benchmarks/bench_rollout.py [--requests 8] [--tokens 32] [--device cpu|cuda] [--k 4] [--prompt-tokens 256] [--step-metrics run.jsonl]
 """
 
 import argparse
@@ -19,6 +22,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bench_policies import MODEL_100M
 from pettingllms_verl.backends.cpu.hf_engine import HFGenerationEngine, SamplingSpec
 from pettingllms_verl.models.tiny import build
 
@@ -51,6 +55,31 @@ def rollout_rates(requests: int, tokens: int, device: str = "cpu", repeats: int 
             "one_at_a_time_tokens_per_s": serial, "speedup": batched / serial}
 
 
+def shared_prompt_times(k: int, prompt_tokens: int, tokens: int, device: str = "cpu", repeats: int = 3) -> list[dict]:
+    """Seconds for K requests on one prompt: prefill shared vs once per request (best of ``repeats``)."""
+    rows = []
+    for name, shape in (("tiny", {}), ("100m", MODEL_100M)):
+        model_dir = build(tempfile.mkdtemp(prefix=f"bench_{name}_"), seed=0, **shape)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
+        engine = HFGenerationEngine(model, tokenizer)
+        engine.eos_token_ids = [len(tokenizer) + 1]  # fixed-length replies: equal work in both modes
+        prompt = torch.randint(4, len(tokenizer), (prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+        spec = SamplingSpec(max_tokens=tokens, temperature=1.0)
+        times = {}
+        for shared in (True, False):
+            engine.share_prefill = shared
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                engine.generate([prompt] * k, [spec] * k)
+                best = min(best, time.perf_counter() - start)
+            times[shared] = best
+        rows.append({"model": name, "k": k, "prompt_tokens": prompt_tokens, "tokens_per_request": tokens,
+                     "shared_s": times[True], "per_request_s": times[False], "speedup": times[False] / times[True]})
+    return rows
+
+
 def step_breakdown(metrics_path: str) -> dict:
     records = [json.loads(line) for line in open(metrics_path)]
     steady = [r["data"] for r in records[1:]] or [r["data"] for r in records]
@@ -64,6 +93,8 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=8, help="concurrent requests")
     parser.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the engine runs")
+    parser.add_argument("--k", type=int, default=4, help="requests sharing one prompt (branches of a tree node)")
+    parser.add_argument("--prompt-tokens", type=int, default=256, help="length of the shared prompt")
     parser.add_argument("--step-metrics", help="verl file-logger jsonl of a quickstart run")
     parser.add_argument("--out", default="benchmarks/results/rollout.json", help="JSON output path")
     args = parser.parse_args(argv)
@@ -76,6 +107,11 @@ def main(argv=None) -> None:
     print(f"| batched (one generate call) | {r['batched_tokens_per_s']:.0f} |")
     print(f"| one at a time | {r['one_at_a_time_tokens_per_s']:.0f} |")
     print(f"| speed-up | {r['speedup']:.1f}x |")
+    result["shared_prompt"] = shared_prompt_times(args.k, args.prompt_tokens, args.tokens, args.device)
+    print(f"\n| {args.k} requests on one {args.prompt_tokens}-token prompt, {args.tokens} tokens each | prefill shared (s) | prefill per request (s) | speed-up |")
+    print("|---|---|---|---|")
+    for row in result["shared_prompt"]:
+        print(f"| {row['model']} | {row['shared_s']:.3f} | {row['per_request_s']:.3f} | {row['speedup']:.2f}x |")
     if args.step_metrics:
         result["quickstart_step_s"] = step_breakdown(args.step_metrics)
         print("\n| quickstart steady-state phase | seconds |\n|---|---|")

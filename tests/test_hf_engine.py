@@ -57,6 +57,28 @@ def test_temperature_zero_is_greedy(engine, model, chat_ids):
     assert engine.generate([prompt], [SamplingSpec(max_tokens=8, temperature=0.0)])[0].token_ids == out.token_ids
 
 
+def test_identical_prompts_share_one_prefill_and_still_sample_apart(engine, model, chat_ids):
+    """K branches of a tree node (one prompt) plus another prompt: the prefill runs over the two
+    distinct prompts only; each row still samples on its own, with exact log-probs."""
+    node, other = chat_ids("Go from (0,0) to (3,4) on a grid with walls"), chat_ids("Sum 1 2")
+    forwards = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, out: forwards.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    torch.manual_seed(1)
+    outs = engine.generate([node, node, other, node], [SamplingSpec(max_tokens=12, temperature=1.0)] * 4)
+    hook.remove()
+    assert forwards[0] == (2, len(node) - 1)  # one prefill row per distinct prompt (all columns but the last)
+    assert forwards[1] == (4, 1)  # then every row on its own, from the copied cache
+    assert len({tuple(out.token_ids) for out in (outs[0], outs[1], outs[3])}) > 1  # independent samples
+    for prompt, out in zip([node, node, other, node], outs):
+        expected = reference_log_probs(model, prompt, out.token_ids)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
+    # greedy: a shared prefill gives what each prompt alone gives
+    greedy = SamplingSpec(max_tokens=10, temperature=0.0)
+    together = engine.generate([node, other, node], [greedy] * 3)
+    alone = [engine.generate([p], [greedy])[0] for p in (node, other)]
+    assert [o.token_ids for o in together] == [alone[0].token_ids, alone[1].token_ids, alone[0].token_ids]
+
+
 def test_max_tokens_per_request_in_one_batch(engine, chat_ids):
     prompt = chat_ids("Count")
     specs = [SamplingSpec(max_tokens=n, temperature=1.0) for n in (1, 3, 7)]
@@ -175,6 +197,20 @@ def test_a_mixed_adapter_batch_equals_each_adapter_alone(engine, adapters, chat_
             for _ in range(len(out.token_ids)):
                 ids.append(int(reference(torch.tensor([ids], device=reference.device)).logits[0, -1].argmax()))
         assert out.token_ids == ids[len(prompt):]
+
+
+def test_a_shared_prefill_keeps_each_rows_adapter(engine, adapters, chat_ids):
+    """Identical prompts are shared only within one adapter: (prompt, adapter) is the unit."""
+    reference, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    prompt = chat_ids("Go from (0,0) to (3,4)")
+    torch.manual_seed(2)
+    names = ["coder", "planner", "coder", "planner"]
+    outs = engine.generate([prompt] * 4, [SamplingSpec(max_tokens=10, temperature=0.7)] * 4, adapters=names)
+    for out, adapter in zip(outs, names):
+        reference.set_adapter(adapter)
+        expected = reference_log_probs(reference, prompt, out.token_ids, temperature=0.7)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
 
 
 def test_adapter_log_probs_equal_a_direct_forward_with_that_adapter(engine, adapters, chat_ids):

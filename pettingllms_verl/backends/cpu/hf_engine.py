@@ -5,6 +5,10 @@ share sampling settings are left-padded into one ``model.generate`` call; each r
 log-probabilities of its sampled tokens under ``log_softmax(logits / temperature)``, which is the
 distribution verl's actor recomputes for its old log-probs.
 
+Requests with an identical prompt in one call (the K branches of an AT-GRPO tree node) share one
+prefill: the prompt is run once, its KV cache copied for each request, and every request then
+samples on its own.
+
 LoRA adapters (one per role, L1): ``load_adapter`` adds or refreshes a named peft adapter on the
 one base model; a request names its adapter (None: the base), and requests with different
 adapters still share one ``generate`` call (peft's ``adapter_names``, one per row).
@@ -103,10 +107,13 @@ class _SampledTokenLogProbs:
 class HFGenerationEngine:
     """Owns one model copy (plus its LoRA adapters); thread-safe (generation and weight loading never overlap)."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_batch_size: int = 64):
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_batch_size: int = 64, share_prefill: bool = True
+    ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.share_prefill = share_prefill  # one prefill per distinct (prompt, adapter) of a batch
         self.eos_token_ids = self._eos_token_ids(model, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self._lock = threading.Lock()
@@ -186,6 +193,9 @@ class HFGenerationEngine:
             kwargs.update(adapter_names=[a or BASE_ADAPTER for a in adapters])
         recorder = _SampledTokenLogProbs(1.0 if spec.greedy else spec.temperature)
         with self._lock:
+            cache = self._shared_prefill(prompts, adapters, input_ids, attention_mask)
+            if cache is not None:
+                kwargs.update(past_key_values=cache)
             hook = self.base_model.register_forward_hook(recorder, with_kwargs=True)
             try:
                 sequences = self.model.generate(
@@ -197,6 +207,25 @@ class HFGenerationEngine:
         log_probs = recorder.finish(new_tokens).cpu()
         new_tokens = new_tokens.cpu()
         return [self._finish(new_tokens[row].tolist(), log_probs[row].tolist(), s) for row, s in enumerate(specs)]
+
+    def _shared_prefill(self, prompts, adapters, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """One prefill per distinct (prompt, adapter) of the batch, over all prompt columns but the
+        last (``generate`` runs that one: its logits are the first sampled token's); the KV cache of
+        each distinct prompt copied to every row asking for it. None when no prompt repeats."""
+        owner: dict[tuple, int] = {}
+        rows = [owner.setdefault((tuple(prompt), adapter), len(owner)) for prompt, adapter in zip(prompts, adapters)]
+        if not self.share_prefill or len(owner) == len(prompts) or input_ids.shape[1] < 2:
+            return None
+        first = [rows.index(index) for index in range(len(owner))]
+        ids, mask = input_ids[first, :-1].to(self.device), attention_mask[first, :-1].to(self.device)
+        # positions as generate derives them from a left-padded mask
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        kwargs: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        if isinstance(self.model, PeftModel):
+            kwargs.update(adapter_names=[adapters[i] or BASE_ADAPTER for i in first])
+        cache = self.model(**kwargs).past_key_values
+        cache.reorder_cache(torch.tensor(rows, device=self.device))  # row i <- its prompt's cache
+        return cache
 
     def _finish(self, tokens: list[int], log_probs: list[float], spec: SamplingSpec) -> Generation:
         """Cut one row at its own end: eos (kept), a completed stop string (kept), or its max_tokens."""
