@@ -207,3 +207,12 @@ def test_validation_samples_as_val_kwargs_unless_the_role_says_otherwise():
     # the training temperature must not turn verl's greedy validation into sampling
     assert settings.sampling_overrides("tool", validate=True) == {"max_tokens": 48, "stop": ["</code>"]}
     assert settings.sampling_overrides("plan", validate=True) == {"max_tokens": 24, "temperature": 0.3}
+
+
+@pytest.mark.parametrize("name", envs.available())
+def test_every_env_refuses_an_option_it_does_not_declare(name):
+    """A misspelt option (``max_turn``) must not silently fall back to its default."""
+    cls = type(envs.make(name))
+    assert cls.options and all(isinstance(help, str) and help for help in cls.options.values())
+    with pytest.raises(ValueError, match=f"{name}: unknown option 'max_turn'; its options are"):
+        envs.make(name, max_turn=2)

@@ -201,6 +201,13 @@ def two_adapters(tmp_path, rows, model, tool="tool_adapter", **overrides):
     return mas_config(tmp_path, **{**base, **overrides})
 
 
+def test_a_misspelt_env_option_is_refused_naming_the_options(tmp_path, plan_path_rows):
+    check(two_policies(tmp_path, plan_path_rows, **{"pettingllms.env_kwargs.max_turns": 2}))
+    with pytest.raises(ConfigError, match="plan_path: unknown option 'max_turn'; its options are .*max_turns: turns per episode") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{"pettingllms.env_kwargs.max_turn": 2}))
+    assert error.value.key == "pettingllms.env_kwargs.max_turn"
+
+
 def test_two_adapters_pass(tmp_path, plan_path_rows, tiny_model_dir):
     check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir))
 

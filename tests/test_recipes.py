@@ -292,6 +292,8 @@ def test_gpu_recipe_has_the_reference_hyperparameters(name, recipe):
     else:
         assert (rollout.n, cfg.algorithm.adv_estimator) == (8, "grpo")  # K = 8 episodes, the same budget
     assert 0.4 <= rollout.gpu_memory_utilization <= 0.7
+    # the K branches and later turns of an episode (one request id: one replica) reuse the prompt's KV
+    assert rollout.enable_prefix_caching
     assert cfg.trainer.save_freq > 0 and cfg.trainer.resume_mode == "auto"
     assert {"console", "file"} <= set(cfg.trainer.logger)
     # arithmetic verl checks only at run time under use_dynamic_bsz

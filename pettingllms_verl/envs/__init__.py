@@ -33,7 +33,12 @@ def make(name: str, **config) -> Env:
     if name not in _ENVS:
         raise KeyError(f"unknown environment {name!r}; available: {', '.join(available()) or '<none>'}")
     module_name, class_name = _ENVS[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)(**config)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    unknown = sorted(set(config) - set(cls.options))
+    if unknown:
+        known = "; ".join(f"{key}: {help}" for key, help in sorted(cls.options.items())) or "none"
+        raise ValueError(f"{name}: unknown option {unknown[0]!r}; its options are {known}")
+    return cls(**config)
 
 
 __all__ = ["Env", "Messages", "StepResult", "Workflow", "available", "make", "register_env"]

@@ -47,6 +47,9 @@ class Env(abc.ABC):
 
     name: ClassVar[str]
     roles: ClassVar[tuple[str, ...]]
+    # option -> one-line help: the keyword options ``make(name, **options)`` accepts (any other is
+    # refused there, naming these: a misspelt option must not silently fall back to its default)
+    options: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **config: Any) -> None:
         self.config = config

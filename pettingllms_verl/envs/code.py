@@ -81,6 +81,12 @@ class CodeEnv(Env):
     name: ClassVar[str] = "code"
     roles: ClassVar[tuple[str, ...]] = ("tester", "coder")
 
+    options = {
+        "max_turns": "turns per episode (each turn: every role of the workflow acts once)",
+        "max_tests": "tester's tests run per program at most",
+        "test_limits": "sandbox limits of each program run (SandboxLimits fields)",
+    }
+
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
         self.max_turns = int(config.get("max_turns", DEFAULT_MAX_TURNS))

@@ -66,6 +66,12 @@ class HanabiEnv(Env):
     name = "hanabi"
     roles = ("p0", "p1")
 
+    options = {
+        "max_turns": "turns per episode (default: the whole game, one turn per card of the deck)",
+        "success_score": "score that counts as a success (default: half the maximum)",
+        **{rule: "deck rule (see FULL_DECK)" for rule in RULE_OPTIONS},
+    }
+
     def __init__(self, max_turns: int | None = None, success_score: int | None = None, **rules: Any) -> None:
         """``rules``: any of ``FULL_DECK``'s keys (defaults: the full game)."""
         unknown = set(rules) - set(RULE_OPTIONS)

@@ -60,6 +60,11 @@ class MathEnv(Env):
     name: ClassVar[str] = "math"
     roles: ClassVar[tuple[str, ...]] = ("tool", "reasoner")
 
+    options = {
+        "max_turns": "turns per episode (each turn: every role of the workflow acts once)",
+        "tool_limits": "sandbox limits of the tool agent's programs (SandboxLimits fields)",
+    }
+
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
         self.max_turns = int(config.get("max_turns", DEFAULT_MAX_TURNS))

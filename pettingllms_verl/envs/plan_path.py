@@ -88,6 +88,13 @@ class PlanPathEnv(ToolPlanEnv):
     name = "plan_path"
     prompts = agents.PROMPTS
     default_max_turns = 4
+    options = {
+        **ToolPlanEnv.options,
+        "size": "grid side of generated tasks (default 10)",
+        "wall_density": "fraction of wall cells of generated tasks (default 0.22)",
+        "min_optimal_len": "shortest path length a generated task must have at least",
+        "max_moves": "moves allowed in an episode (default 4 x cells)",
+    }
 
     def reset(self, seed: int, task: dict | None = None) -> None:
         cfg = self.config

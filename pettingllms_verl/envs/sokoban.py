@@ -199,6 +199,14 @@ class SokobanEnv(ToolPlanEnv):
     name = "sokoban"
     prompts = agents.PROMPTS
     default_max_turns = 4
+    options = {
+        **ToolPlanEnv.options,
+        "size": "room side of generated tasks",
+        "num_boxes": "boxes of generated tasks",
+        "max_interior_walls": "interior walls of generated tasks at most",
+        "max_steps": "moves allowed in an episode",
+        "min_solution_len": "shortest solution a generated task must have at least",
+    }
 
     def reset(self, seed: int, task: dict | None = None) -> None:
         if task is None:

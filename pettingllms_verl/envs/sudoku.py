@@ -123,6 +123,7 @@ class SudokuEnv(ToolPlanEnv):
     name = "sudoku"
     prompts = agents.PROMPTS
     default_max_turns = 4
+    options = {**ToolPlanEnv.options, "num_clues": "given cells of generated 4x4 puzzles (default 6)"}
 
     def reset(self, seed: int, task: dict | None = None) -> None:
         if task is None:

@@ -88,6 +88,12 @@ class TicTacToeEnv(Env):
     name = "tictactoe"
     roles = ("x", "o")
 
+    options = {
+        "mode": "mas: both players are agents | sa: one agent against a scripted opponent",
+        "opponent": f"the scripted opponent of generated tasks: {', '.join(OPPONENTS)}",
+        "first": "who moves first in generated tasks: x, o or random (per seed)",
+    }
+
     def __init__(self, mode: str = "mas", opponent: str = "random", first: str = "x") -> None:
         """``opponent`` and ``first`` ("x", "o" or "random" per seed) shape tasks generated from a seed."""
         if mode not in ("mas", "sa"):

@@ -42,6 +42,11 @@ class ToolPlanEnv(Env):
     prompts: ClassVar[PuzzlePrompts]
     default_max_turns: ClassVar[int]
 
+    options = {
+        "max_turns": "turns per episode (each turn: every role of the workflow acts once)",
+        "tool_limits": "sandbox limits of the tool agent's programs (SandboxLimits fields)",
+    }
+
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
         self.max_turns = int(config.get("max_turns", self.default_max_turns))
