@@ -9,6 +9,8 @@ with the tokenizer's template, and hands replies back as text.
 from __future__ import annotations
 
 import asyncio
+import logging
+import traceback
 import uuid
 from typing import Any
 
@@ -18,9 +20,11 @@ from pettingllms_verl import envs
 from pettingllms_verl.config import PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
-from pettingllms_verl.rollout.episode import Episode, Sample, run_episode
+from pettingllms_verl.rollout.episode import Episode, PromptTooLong, Sample, run_episode
 
+logger = logging.getLogger(__name__)
 VALIDATE_KWARG = "pettingllms_validate"  # injected by MASAgentLoopWorker: verl passes no such flag to run()
+_logged_causes: set[str] = set()  # each cause's first traceback is logged once per process
 
 
 def group_key(uid: str, session_id: int, sample: Sample, settings: PettingLLMsConfig) -> str:
@@ -46,7 +50,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             messages, add_generation_prompt=True, tokenize=True, return_dict=False, **self.apply_chat_template_kwargs
         )
         if len(ids) > self.prompt_length:
-            raise ValueError(
+            raise PromptTooLong(
                 f"pettingllms_episode: a {len(ids)}-token prompt exceeds data.max_prompt_length="
                 f"{self.prompt_length}; raise it (and rollout.prompt_length follows) or shorten the env's prompt"
             )
@@ -114,6 +118,9 @@ class EpisodeAgentLoop(AgentLoopBase):
             }
             for role, policy in policies.items()
         }
+        self._log_fault(episode, name)
+        if not episode.samples:  # ended before its first reply: one untrained row carries the episode's end
+            episode.samples.append(self._placeholder(workflow.turn_order[0]))
         if validate:
             # Validation reports what evaluation means: episode success, one row per episode.
             final = episode.samples[-1]
@@ -129,6 +136,22 @@ class EpisodeAgentLoop(AgentLoopBase):
             # the episode's return, the sum of the mixed rewards along the chosen path.
             outputs[-1].reward_score = sum(s.reward for s in samples if s.chosen)
         return outputs
+
+    @staticmethod
+    def _log_fault(episode: Episode, env_name: str) -> None:
+        if episode.error is None or episode.end_cause in _logged_causes:
+            return
+        _logged_causes.add(episode.end_cause)
+        trace = "".join(traceback.format_exception(episode.error))
+        logger.warning(f"pettingllms_episode: a {env_name} episode ended by {episode.end_cause} (first of its kind "
+                       f"in this process; counted in mas/episode_errors or mas/truncated):\n{trace}")
+
+    def _placeholder(self, role: str) -> Sample:
+        """A row for an episode that produced no sample: counted in the episode metrics, masked out
+        of training (its response mask is zero, its group a singleton)."""
+        token = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
+        return Sample(prompt_ids=[token], response_ids=[token], log_probs=[0.0], turn=0, role=role, node="", branch=0,
+                      local_reward=0.0, global_reward=0.0, reward=0.0, parse_ok=False, placeholder=True)
 
     def _output(
         self, sample: Sample, kwargs: dict, episode: Episode, extra: dict, reward: float, last: bool
@@ -147,6 +170,8 @@ class EpisodeAgentLoop(AgentLoopBase):
             # episode-level facts, carried by the episode's last sample only
             "mas_episode_end": last,
             "mas_success": episode.success if last else None,
+            "mas_end_cause": episode.end_cause if last else None,  # None: the env finished it (episode.TRUNCATIONS, ERRORS)
+            "mas_placeholder": sample.placeholder,
             "mas_turns": episode.turns if last else None,
             "mas_env_s": episode.env_s if last else None,
             "mas_generate_s": episode.generate_s if last else None,
@@ -157,7 +182,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         return AgentLoopOutput(
             prompt_ids=sample.prompt_ids,
             response_ids=sample.response_ids,
-            response_mask=[1] * len(sample.response_ids),
+            response_mask=[0 if sample.placeholder else 1] * len(sample.response_ids),
             response_logprobs=sample.log_probs or None,
             reward_score=reward,
             num_turns=2,

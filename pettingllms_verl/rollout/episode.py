@@ -9,6 +9,10 @@ branch of the node has been scored.
 
 With K = 1 this is a plain rollout: ``rollout_mode=independent`` runs K such episodes per
 problem (verl's ``rollout.n``) and groups their samples by (problem, turn, role).
+
+A fault ends the episode, not the step: a prompt over the budget (truncated), an engine error or
+an environment that raises (errors) stop it where it happened; the samples of the nodes already
+played are kept and ``Episode.end_cause`` says why it ended.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
 from pettingllms_verl.envs.base import Env, Messages
+
+# Why an episode ended: None = the environment finished it.
+TRUNCATIONS = ("max_turns", "prompt_overflow")  # out of turns | a prompt over the rollout's prompt budget
+ERRORS = ("engine_error", "env_error")  # the engine failed a request | the environment raised
 
 # (role, prompt ids, n) -> n (token ids, log-probs) replies, sampled independently
 Generate = Callable[[str, list[int], int], Awaitable[list[tuple[list[int], list[float]]]]]
@@ -42,12 +50,25 @@ class Sample:
     reward: float  # alpha * global + local
     parse_ok: bool
     chosen: bool = False
+    placeholder: bool = False  # stands for an episode that ended before its first reply: never trained on
+
+
+class PromptTooLong(ValueError):
+    """Raised by ``render``: the prompt exceeds the rollout's budget (the episode ends truncated)."""
+
+
+class _Ended(Exception):
+    def __init__(self, cause: str, error: BaseException):
+        super().__init__(cause)
+        self.cause, self.error = cause, error
 
 
 @dataclass
 class Episode:
     samples: list[Sample] = field(default_factory=list)
     success: bool = False
+    end_cause: str | None = None  # None (the env finished), or one of TRUNCATIONS / ERRORS
+    error: BaseException | None = None  # what ended it, for an ERRORS or prompt_overflow end
     turns: int = 0
     final_global_reward: float = 0.0
     generate_s: float = 0.0  # wall time spent waiting for the engine
@@ -75,22 +96,49 @@ async def run_episode(
     render: Render,
     decode: Decode,
 ) -> Episode:
-    """Play ``env`` (already reset) to the end; returns every branch's sample."""
+    """Play ``env`` (already reset) to the end, or to a fault; returns every played branch's sample."""
     episode = Episode()
+    try:
+        env = await _play(episode, env, turn_order, max_turns, k, alpha, generate, render, decode)
+    except _Ended as ended:
+        episode.end_cause, episode.error = ended.cause, ended.error
+        return episode
+    # out of turns: the loop's budget ran out, or the env ended on its own turn limit (not a loss, not a win)
+    episode.end_cause = "max_turns" if not env.success and (not env.done or episode.turns >= max_turns) else None
+    episode.success = bool(env.success)
+    episode.final_global_reward = float(env.global_reward)
+    return episode
+
+
+async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, generate, render, decode) -> Env:
+    """The turns of ``run_episode``; returns the final state, raises ``_Ended`` on a fault."""
     path = ""
     for turn in range(max_turns):
         for role in turn_order:
             started = time.perf_counter()
-            prompt_ids = render(env.observation(role))
+            try:
+                messages = env.observation(role)
+            except Exception as error:
+                raise _Ended("env_error", error) from error
+            try:
+                prompt_ids = render(messages)
+            except PromptTooLong as error:
+                raise _Ended("prompt_overflow", error) from error
             episode.env_s += time.perf_counter() - started
 
             started = time.perf_counter()
-            replies = await generate(role, prompt_ids, k)
+            try:
+                replies = await generate(role, prompt_ids, k)
+            except Exception as error:
+                raise _Ended("engine_error", error) from error
             episode.generate_s += time.perf_counter() - started
 
             started = time.perf_counter()
-            clones = [env.clone() for _ in range(k)]
-            results = await _step_all(clones, role, [decode(ids) for ids, _ in replies])
+            try:
+                clones = [env.clone() for _ in range(k)]
+                results = await _step_all(clones, role, [decode(ids) for ids, _ in replies])
+            except Exception as error:
+                raise _Ended("env_error", error) from error
             node_samples = []
             for branch, ((ids, log_probs), clone, result) in enumerate(zip(replies, clones, results)):
                 global_reward = float(clone.global_reward)
@@ -120,6 +168,4 @@ async def run_episode(
         episode.turns = turn + 1
         if env.done:
             break
-    episode.success = bool(env.success)
-    episode.final_global_reward = float(env.global_reward)
-    return episode
+    return env

@@ -44,6 +44,7 @@ from verl.workers.rollout.llm_server import LLMServerManager
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
 from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load, policy_config
+from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 
@@ -53,7 +54,9 @@ POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per
 
 
 def episode_metrics(tags: list[dict]) -> dict[str, float]:
-    """``mas/`` metrics from the rows' ``extra_fields`` (see ``rollout/agent_loop.py``)."""
+    """``mas/`` metrics from the rows' ``extra_fields`` (see ``rollout/agent_loop.py``). An episode
+    ended by a fault counts as a failure in ``mas/success`` and in ``mas/episode_errors`` or
+    ``mas/truncated`` (and per cause)."""
     metrics: dict[str, float] = {}
     ends = [t for t in tags if t.get("mas_episode_end")]
     if ends:
@@ -61,9 +64,14 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
         metrics["mas/turns_mean"] = float(np.mean([t["mas_turns"] for t in ends]))
         env_s, generate_s = sum(t["mas_env_s"] for t in ends), sum(t["mas_generate_s"] for t in ends)
         metrics["mas/env_time_frac"] = env_s / max(env_s + generate_s, 1e-9)
-    metrics["mas/parse_failure_rate"] = float(np.mean([not t["mas_parse_ok"] for t in tags]))
+        causes = [t.get("mas_end_cause") for t in ends]
+        for total, kinds in (("mas/episode_errors", ERRORS), ("mas/truncated", TRUNCATIONS)):
+            metrics[total] = float(sum(cause in kinds for cause in causes))
+            metrics.update({f"{total}/{kind}": float(causes.count(kind)) for kind in kinds})
+    replies = [t for t in tags if not t.get("mas_placeholder")]
+    metrics["mas/parse_failure_rate"] = float(np.mean([not t["mas_parse_ok"] for t in replies])) if replies else 0.0
     by_role: dict[str, list[float]] = defaultdict(list)
-    for t in tags:
+    for t in replies:
         by_role[t["mas_role"]].append(t["mas_local_reward"])
     for role, rewards in sorted(by_role.items()):
         metrics[f"mas/{role}/reward_mean"] = float(np.mean(rewards))
@@ -263,6 +271,9 @@ class MASTrainer(PPOTrainerSync):
             if "mas_policy" not in tag:
                 raise ValueError(f"row {key}: mas_sync trains the rows of the pettingllms_episode agent loop (dataset column agent_name)")
             policy = tag["mas_policy"]
+            if tag.get("mas_placeholder"):  # no reply behind it: nothing to check, nothing to train
+                keys[policy].append(key)
+                continue
             if tag["mas_served_by"] != [policy]:
                 raise AssertionError(f"row {key}: role {tag['mas_role']} of policy {policy!r} was served by {tag['mas_served_by']}")
             if self.policy_table[policy].trainable and tag["mas_weight_versions"] != [self.global_steps - 1]:

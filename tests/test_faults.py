@@ -1,0 +1,143 @@
+"""A fault costs one episode, counted, never the step: the real agent loop (``EpisodeAgentLoop.run``)
+with a scripted server and a Plan-Path environment that fails on purpose."""
+
+import asyncio
+import logging
+
+import pytest
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+from verl.workers.rollout.replica import TokenOutput
+
+from pettingllms_verl import envs
+from pettingllms_verl.data.rows import task_row
+from pettingllms_verl.envs.plan_path import PlanPathEnv
+from pettingllms_verl.rollout import agent_loop
+from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
+from pettingllms_verl.trainer.mas_trainer import episode_metrics
+
+K = 2
+ROLES_PER_TURN = 2  # plan_path: tool, then plan
+
+
+class FaultyPlanPath(PlanPathEnv):
+    """Plan-Path that fails from turn ``fault_turn`` on: its ``step`` raises (``fault=step``), or
+    its prompts outgrow any budget (``fault=overflow``)."""
+
+    options = {**PlanPathEnv.options, "fault": "step | overflow", "fault_turn": "first turn that fails"}
+
+    def reset(self, seed, task=None):
+        super().reset(seed, task)
+        self.nodes = 0  # nodes played so far (copied into every clone: the continuing branch keeps it)
+
+    def _failing(self) -> bool:
+        return self.nodes > self.config["fault_turn"] * ROLES_PER_TURN
+
+    def observation(self, role):
+        self.nodes += 1
+        messages = super().observation(role)
+        if self.config["fault"] == "overflow" and self._failing():
+            messages[-1] = {**messages[-1], "content": messages[-1]["content"] + " wall" * 2000}
+        return messages
+
+    def step(self, role, text):
+        if self.config["fault"] == "step" and self._failing():
+            raise RuntimeError("the environment broke")
+        return super().step(role, text)
+
+
+class ScriptedServer:
+    """Answers every request with one fixed reply; raises from request ``fail_from`` on."""
+
+    def __init__(self, tokenizer, fail_from: int | None = None):
+        self.reply = tokenizer.encode("no idea")  # unparseable: no move, the episode never ends by itself
+        self.calls, self.fail_from = 0, fail_from
+
+    async def generate(self, request_id, prompt_ids, sampling_params, policy=None):
+        self.calls += 1
+        if self.fail_from is not None and self.calls >= self.fail_from:
+            raise RuntimeError("the engine failed this batch")
+        return TokenOutput(token_ids=self.reply, log_probs=[-0.5] * len(self.reply), extra_fields={"policy": policy, "global_steps": 0})
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def play(tokenizer, server, **env_kwargs) -> list:
+    config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": 16}},
+        "algorithm": {"adv_estimator": "at_grpo"},
+        "pettingllms": {"k": K, "env_kwargs": {"max_turns": 4, "size": 4, **env_kwargs}},
+    })
+    source = envs.make("plan_path", size=4)
+    source.reset(seed=3)
+    row = task_row("faulty_plan_path", 3, source.task, "train", 0)
+
+    async def episode():
+        loop = EpisodeAgentLoop(DictConfigWrap(config), server, tokenizer, None, None, DictConfigWrap(OmegaConf.create({})))
+        return await loop.run({"temperature": 1.0}, extra_info=row["extra_info"], uid="problem", session_id=0)
+
+    # registered for this episode only (the tiny tokenizer's corpus is built from every registered env)
+    envs.register_env("faulty_plan_path", f"{__name__}:FaultyPlanPath")
+    try:
+        return asyncio.run(episode())
+    finally:
+        del envs._ENVS["faulty_plan_path"]
+
+
+def end_of(outputs) -> dict:
+    (end,) = [o.extra_fields for o in outputs if o.extra_fields["mas_episode_end"]]
+    assert end is outputs[-1].extra_fields
+    return end
+
+
+def test_an_env_that_raises_ends_only_its_episode_keeping_the_turns_played(tokenizer, caplog):
+    agent_loop._logged_causes.clear()
+    with caplog.at_level(logging.WARNING, logger=agent_loop.__name__):
+        outputs = play(tokenizer, ScriptedServer(tokenizer), fault="step", fault_turn=1)
+        again = play(tokenizer, ScriptedServer(tokenizer), fault="step", fault_turn=1)
+    assert [o.extra_fields["mas_turn"] for o in outputs] == [0] * (K * ROLES_PER_TURN)  # turn 0 kept, turn 1 failed
+    assert all(sum(o.response_mask) > 0 for o in outputs)
+    end = end_of(outputs)
+    assert (end["mas_end_cause"], end["mas_success"]) == ("env_error", False)
+    assert end_of(again)["mas_end_cause"] == "env_error"
+    # the first traceback of a cause is logged once per process, not once per episode
+    logged = [r for r in caplog.records if "ended by env_error" in r.getMessage()]
+    assert len(logged) == 1 and "RuntimeError: the environment broke" in logged[0].getMessage()
+
+
+def test_a_prompt_that_outgrows_the_budget_at_turn_3_ends_the_episode_truncated(tokenizer):
+    outputs = play(tokenizer, ScriptedServer(tokenizer), fault="overflow", fault_turn=3)
+    assert sorted({o.extra_fields["mas_turn"] for o in outputs}) == [0, 1, 2]
+    assert len(outputs) == 3 * ROLES_PER_TURN * K
+    assert end_of(outputs)["mas_end_cause"] == "prompt_overflow"
+
+
+def test_an_engine_error_before_any_reply_leaves_one_untrained_row_for_the_episode(tokenizer):
+    (output,) = play(tokenizer, ScriptedServer(tokenizer, fail_from=1), fault="step", fault_turn=9)
+    assert output.response_mask == [0] * len(output.response_ids)  # counted, never trained on
+    assert output.extra_fields["mas_placeholder"] and output.extra_fields["mas_end_cause"] == "engine_error"
+    assert output.extra_fields["mas_success"] is False
+
+
+def test_faulty_episodes_count_as_failures_per_cause(tokenizer):
+    episodes = [
+        play(tokenizer, ScriptedServer(tokenizer), fault="step", fault_turn=1),
+        play(tokenizer, ScriptedServer(tokenizer), fault="overflow", fault_turn=2),
+        play(tokenizer, ScriptedServer(tokenizer, fail_from=3), fault="step", fault_turn=9),
+        play(tokenizer, ScriptedServer(tokenizer, fail_from=1), fault="step", fault_turn=9),
+        play(tokenizer, ScriptedServer(tokenizer), fault="step", fault_turn=9),  # no fault: out of turns
+    ]
+    metrics = episode_metrics([o.extra_fields for outputs in episodes for o in outputs])
+    assert metrics["mas/success"] == 0.0  # every episode counted, the failed ones as failures
+    assert metrics["mas/episode_errors"] == 3 and metrics["mas/truncated"] == 2
+    assert (metrics["mas/episode_errors/env_error"], metrics["mas/episode_errors/engine_error"]) == (1, 2)
+    assert (metrics["mas/truncated/prompt_overflow"], metrics["mas/truncated/max_turns"]) == (1, 1)
+    # the placeholder row is no reply: it does not count as a parse failure
+    assert metrics["mas/parse_failure_rate"] == pytest.approx(
+        sum(not o.extra_fields["mas_parse_ok"] for outputs in episodes for o in outputs if not o.extra_fields["mas_placeholder"])
+        / sum(not o.extra_fields["mas_placeholder"] for outputs in episodes for o in outputs)
+    )
