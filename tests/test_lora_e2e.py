@@ -4,53 +4,21 @@ per-adapter optimizer state and LR schedule, peft export, kill-and-resume, a fro
 the swapped-policy switch, checked on what the run served, trained and saved."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_mas_e2e import RECIPES, dumped_rows, run_recipe, team_artifacts  # noqa: F401  (fixture)
-from test_policies_e2e import artifacts, initial_params  # noqa: F401  (fixture)
+from test_mas_e2e import dumped_rows, run_recipe, team_artifacts  # noqa: F401  (fixture)
+from test_policies_e2e import (  # noqa: F401  (fixture)
+    adapter_tensors, artifacts, base_tensors, initial_params, saved_group, train_to_5_killed_after_step_4_then_resume,
+)
 
 pytestmark = pytest.mark.slow
 RECIPE = "plan_path_mas_lora_cpu"
 POLICY_OF = {"tool": "tool_adapter", "plan": "plan_adapter"}  # its roles' adapters
 K_MINI_BATCHES = 2  # its pettingllms.mini_batches_per_step
 LR, WARMUP = 2e-3, 10  # its actor LR; the warm-up steps of the first run
-
-
-def saved_group(step_dir, group: str = "lora") -> dict:
-    """The adapter group's checkpoint: tensors, Adam steps and param-group names, schedule steps."""
-    folder = step_dir / "policies" / group
-    model = torch.load(folder / "model_world_size_1_rank_0.pt", weights_only=False)
-    optim = torch.load(folder / "optim_world_size_1_rank_0.pt", weights_only=False)
-    index_of = {index: group["adapter"] for group in optim["param_groups"] for index in group["params"]}
-    adam_steps: dict[str, set[int]] = {group["adapter"]: set() for group in optim["param_groups"]}
-    for index, state in optim["state"].items():
-        adam_steps[index_of[index]].add(int(state["step"]))
-    return {
-        "params": {name: (t.to_local() if hasattr(t, "to_local") else t) for name, t in model.items()},
-        "adam_steps": adam_steps,
-        "schedules": json.loads((folder / "adapter_schedules.json").read_text())["adapter_steps"],
-        "folder": folder,
-    }
-
-
-def adapter_tensors(params: dict, adapter: str) -> dict[str, torch.Tensor]:
-    return {name: t for name, t in params.items() if f".{adapter}." in name}
-
-
-def base_tensors(params: dict) -> dict[str, torch.Tensor]:
-    """The base model's tensors under their transformers names."""
-    return {
-        name.removeprefix("base_model.model.").replace(".base_layer.", "."): t
-        for name, t in params.items() if "lora_" not in name
-    }
 
 
 @pytest.fixture(scope="module")
@@ -130,59 +98,19 @@ def test_each_adapter_is_checkpointed_by_name_with_its_optimizer_state_schedule_
 
 
 def test_sigkill_mid_step_then_resume_continues_every_adapter_and_validates_them_swapped(l1_run, artifacts):
-    """After the 3-step run: train to step 5, SIGKILL the driver (and its Ray processes) once step 4
-    is checkpointed, resume. The step count continues, each adapter's Adam state and LR-schedule
-    step continue from the checkpoint, and the replica serves the loaded adapters. The resumed run
-    validates with the swapped-policy switch on (each role served by the other's adapter)."""
-    checkpoints = artifacts / "checkpoints" / RECIPE
-    tracker = checkpoints / "latest_checkpointed_iteration.txt"
-    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(artifacts / "l1_killed.jsonl")}
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", RECIPE,
-               "trainer.total_training_steps=5"]
-    driver = subprocess.Popen(command, cwd=artifacts, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 900
-    while tracker.read_text() != "4":
-        assert driver.poll() is None and time.monotonic() < deadline, "the run ended before step 4 was saved"
-        time.sleep(0.2)
-    os.killpg(driver.pid, signal.SIGKILL)  # mid step 5 (or in its first moments)
-    driver.wait()
-    assert tracker.read_text() == "4"
-
-    metrics = run_recipe(
-        artifacts, RECIPE, "trainer.total_training_steps=5", "trainer.test_freq=5",
-        "+pettingllms.swap_policies=[tool_adapter,plan_adapter]",
+    """Each adapter's Adam state and LR-schedule step continue from the checkpoint and the replica
+    serves the loaded adapters; the resumed run validates with the swapped-policy switch on (each
+    role served by the other's adapter)."""
+    metrics = train_to_5_killed_after_step_4_then_resume(
+        artifacts, RECIPE, "trainer.test_freq=5", "+pettingllms.swap_policies=[tool_adapter,plan_adapter]",
     )
-    resumed = [m for m in metrics if m["step"] == 5]
-    assert len(resumed) == 1 and [m["step"] for m in metrics][-1] == 5
     for adapter in POLICY_OF.values():
-        assert resumed[0]["data"][f"policy/{adapter}/training/rollout_probs_diff_mean"] < 1e-5  # loaded adapters synced
-    saved = saved_group(checkpoints / "global_step_5")
+        assert metrics[-1]["data"][f"policy/{adapter}/training/rollout_probs_diff_mean"] < 1e-5  # loaded adapters synced
+    saved = saved_group(artifacts / "checkpoints" / RECIPE / "global_step_5")
     assert saved["adam_steps"] == {adapter: {5 * K_MINI_BATCHES} for adapter in POLICY_OF.values()}
     assert saved["schedules"] == {adapter: 5 for adapter in POLICY_OF.values()}
     validation = [key for m in metrics for key in m["data"] if "val-" in key]
     assert validation and all(key.startswith("swap/val-") for key in validation)
-
-
-def test_adapters_and_a_full_model_policy_in_one_run(artifacts):
-    """L1 + L2: the tool agent an adapter on the base, the plan agent a full model of its own."""
-    dump = artifacts / "mixed_batches"
-    metrics = run_recipe(
-        artifacts, RECIPE, "trainer.total_training_steps=1", "trainer.experiment_name=mixed", "~pettingllms.policies.plan_adapter",
-        "+pettingllms.policies.plan_full={}", "pettingllms.roles.plan.policy=plan_full", f"+pettingllms.batch_dump_dir={dump}",
-    )
-    data = metrics[0]["data"]
-    for policy in ("tool_adapter", "plan_full"):
-        assert data[f"policy/{policy}/actor/grad_norm"] > 0
-        assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
-    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in dumped_rows(dump)} == {
-        ("tool", ("tool_adapter",)), ("plan", ("plan_full",))}
-    step = artifacts / "checkpoints" / "mixed" / "global_step_1" / "policies"
-    start = initial_params(artifacts / "tiny_model_plan_path")
-    full = torch.load(step / "plan_full" / "model_world_size_1_rank_0.pt", weights_only=False)
-    assert any(not torch.equal(t.to_local() if hasattr(t, "to_local") else t, start[name]) for name, t in full.items())
-    base = base_tensors(saved_group(step.parent)["params"])
-    assert all(torch.equal(base[name], start[name]) for name in base)
 
 
 def test_code_team_with_a_frozen_tester_adapter(team_artifacts):

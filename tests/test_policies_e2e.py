@@ -45,6 +45,35 @@ def saved_policy(step_dir, policy: str) -> tuple[dict[str, torch.Tensor], set[in
     return params, {int(state["step"]) for state in optim["state"].values()}
 
 
+def saved_group(step_dir, group: str = "lora") -> dict:
+    """The adapter group's checkpoint: tensors, Adam steps and param-group names, schedule steps."""
+    folder = step_dir / "policies" / group
+    model = torch.load(folder / "model_world_size_1_rank_0.pt", weights_only=False)
+    optim = torch.load(folder / "optim_world_size_1_rank_0.pt", weights_only=False)
+    index_of = {index: group["adapter"] for group in optim["param_groups"] for index in group["params"]}
+    adam_steps: dict[str, set[int]] = {group["adapter"]: set() for group in optim["param_groups"]}
+    for index, state in optim["state"].items():
+        adam_steps[index_of[index]].add(int(state["step"]))
+    return {
+        "params": {name: (t.to_local() if hasattr(t, "to_local") else t) for name, t in model.items()},
+        "adam_steps": adam_steps,
+        "schedules": json.loads((folder / "adapter_schedules.json").read_text())["adapter_steps"],
+        "folder": folder,
+    }
+
+
+def adapter_tensors(params: dict, adapter: str) -> dict[str, torch.Tensor]:
+    return {name: t for name, t in params.items() if f".{adapter}." in name}
+
+
+def base_tensors(params: dict) -> dict[str, torch.Tensor]:
+    """The base model's tensors under their transformers names."""
+    return {
+        name.removeprefix("base_model.model.").replace(".base_layer.", "."): t
+        for name, t in params.items() if "lora_" not in name
+    }
+
+
 def initial_params(model_dir) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
@@ -53,6 +82,28 @@ def initial_params(model_dir) -> dict[str, torch.Tensor]:
 
 def same_params(saved: dict, reference: dict) -> bool:
     return all(torch.equal(saved[name], reference[name]) for name in saved)
+
+
+def train_to_5_killed_after_step_4_then_resume(artifacts, recipe: str, *resume_overrides: str) -> list[dict]:
+    """After a 3-step run of ``recipe``: train to step 5, SIGKILL the driver (and its Ray processes)
+    once step 4 is checkpointed, then resume; the resumed run's metrics."""
+    tracker = artifacts / "checkpoints" / recipe / "latest_checkpointed_iteration.txt"
+    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(artifacts / f"{recipe}_killed.jsonl")}
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", recipe,
+               "trainer.total_training_steps=5"]
+    driver = subprocess.Popen(command, cwd=artifacts, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 900
+    while tracker.read_text() != "4":
+        assert driver.poll() is None and time.monotonic() < deadline, "the run ended before step 4 was saved"
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)  # mid step 5 (or in its first moments)
+    driver.wait()
+    assert tracker.read_text() == "4"
+    metrics = run_recipe(artifacts, recipe, "trainer.total_training_steps=5", *resume_overrides)
+    assert [m["step"] for m in metrics if m["step"] == 5] == [5] and metrics[-1]["step"] == 5
+    assert tracker.read_text() == "5"
+    return metrics
 
 
 @pytest.fixture(scope="module")
@@ -104,53 +155,40 @@ def test_each_policy_is_checkpointed_with_a_fixed_number_of_optimizer_steps(l2_r
 
 
 def test_sigkill_mid_step_then_resume_continues_every_policy(l2_run, artifacts):
-    """After the 3-step run: train to step 5, SIGKILL the driver (and its Ray processes) once step 4
-    is checkpointed, resume. The step count continues and every policy's optimizer state was
-    restored (its Adam step count continues from the checkpoint instead of restarting)."""
+    """The step count continues and every policy's optimizer state was restored (its Adam step
+    count continues from the checkpoint instead of restarting)."""
+    metrics = train_to_5_killed_after_step_4_then_resume(artifacts, "plan_path_mas_full_cpu")
     checkpoints = artifacts / "checkpoints" / "plan_path_mas_full_cpu"
-    tracker = checkpoints / "latest_checkpointed_iteration.txt"
-    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(artifacts / "killed.jsonl")}
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES,
-               "--config-name", "plan_path_mas_full_cpu", "trainer.total_training_steps=5"]
-    driver = subprocess.Popen(command, cwd=artifacts, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 900
-    while tracker.read_text() != "4":
-        assert driver.poll() is None and time.monotonic() < deadline, "the run ended before step 4 was saved"
-        time.sleep(0.2)
-    os.killpg(driver.pid, signal.SIGKILL)  # mid step 5 (or in its first moments)
-    driver.wait()
-    assert tracker.read_text() == "4"
-
-    metrics = run_recipe(artifacts, "plan_path_mas_full_cpu", "trainer.total_training_steps=5")
-    resumed = [m for m in metrics if m["step"] == 5]
-    assert len(resumed) == 1 and [m["step"] for m in metrics][-1] == 5
-    assert tracker.read_text() == "5"
     for policy in POLICY_OF.values():
-        assert resumed[0]["data"][f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5  # loaded weights synced
+        assert metrics[-1]["data"][f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5  # loaded weights synced
         _, adam_steps = saved_policy(checkpoints / "global_step_5", policy)
         assert adam_steps == {5 * K_MINI_BATCHES}
 
 
-def test_a_policy_changes_only_through_its_own_rows(artifacts):
-    """Greedy tool replies: every tool group ties, so all of tool_policy's rows have zero advantage.
-    With no weight decay the step must leave tool_policy bit-identical while plan_policy changes.
-    plan_policy runs on a pool of its own here (one more Ray "GPU" slot on CPU)."""
+def test_a_policy_changes_only_through_its_own_rows_with_a_full_model_and_an_adapter(artifacts):
+    """L2 + L1 in one run: tool_policy a full model on a pool of its own (one more Ray "GPU" slot
+    on CPU), plan_policy a LoRA adapter on the base. Greedy tool replies: every tool group ties, so
+    all of tool_policy's rows have zero advantage; with no weight decay the step must leave it
+    bit-identical, while plan_policy's adapter changes and the base does not."""
     dump = artifacts / "isolation_batches"
     metrics = run_recipe(
         artifacts, "plan_path_mas_full_cpu", "trainer.total_training_steps=1", "trainer.experiment_name=isolation",
         "+pettingllms.roles.tool.sampling.temperature=0", "actor_rollout_ref.actor.optim.weight_decay=0",
-        "+pettingllms.policies.plan_policy.pool=own", "+pettingllms.policies.plan_policy.n_gpus_per_node=1",
-        "ray_kwargs.ray_init.num_gpus=2", f"+pettingllms.batch_dump_dir={dump}",
+        "+pettingllms.policies.tool_policy.pool=own", "+pettingllms.policies.tool_policy.n_gpus_per_node=1",
+        "ray_kwargs.ray_init.num_gpus=2", "+pettingllms.policies.plan_policy.adapter.rank=8", f"+pettingllms.batch_dump_dir={dump}",
     )
-    assert metrics[-1]["data"]["policy/plan_policy/training/rollout_probs_diff_mean"] < 1e-5
+    for policy in POLICY_OF.values():
+        assert metrics[-1]["data"][f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
     rows = dumped_rows(dump)
+    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {("tool", ("tool_policy",)), ("plan", ("plan_policy",))}
     assert all(row["advantage"] == 0.0 for row in rows if row["mas_role"] == "tool")
     assert any(row["advantage"] != 0.0 for row in rows if row["mas_role"] == "plan")
     step = artifacts / "checkpoints" / "isolation" / "global_step_1"
     start = initial_params(artifacts / "tiny_model_plan_path")
     assert same_params(saved_policy(step, "tool_policy")[0], start)
-    assert not same_params(saved_policy(step, "plan_policy")[0], start)
+    lora = saved_group(step)["params"]
+    assert any(t.any() for name, t in adapter_tensors(lora, "plan_policy").items() if "lora_B" in name)
+    assert same_params(base_tensors(lora), start)
 
 
 def test_tictactoe_one_learner_per_player_with_a_frozen_opponent(artifacts):

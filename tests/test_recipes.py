@@ -227,7 +227,7 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
     if parts["target"] == "cpu":
         assert (cfg.trainer.device, rollout.name) == ("cpu", "hf")
     else:  # vLLM, except several policies: the hf replica (see pettingllms_verl/preflight.py, README)
-        assert (cfg.trainer.device, rollout.name) == ("cuda", "vllm" if parts["mode"] == "mas_atgrpo" else "hf")
+        assert (cfg.trainer.device, rollout.name) == ("cuda", "hf" if parts["mode"] in ("mas_full", "mas_lora") else "vllm")
         assert (cfg.actor_rollout_ref.model.path, rollout.tensor_model_parallel_size) == GPU_MODELS[parts["target"]]
     assert cfg.trainer.default_local_dir == f"{artifacts}/checkpoints/{name}"
 
