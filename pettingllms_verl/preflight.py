@@ -289,7 +289,7 @@ def _check_agreement(config: DictConfig) -> None:
                 "reward.reward_model.enable", "a reward model would overwrite the environments' per-sample rewards",
                 "set reward.reward_model.enable=false (the environments score every reply)",
             )
-    if _select(config, "actor_rollout_ref.rollout.name") == "vllm" and not _vllm_installed():
+    if _select(config, "actor_rollout_ref.rollout.name") in ("vllm", "vllm_multilora") and not _vllm_installed():
         raise ConfigError(
             "actor_rollout_ref.rollout.name", "vllm is not installed here",
             "install vLLM (GPU machines: pip install vllm), or set actor_rollout_ref.rollout.name=hf",

@@ -284,8 +284,9 @@ def test_independent_episodes_may_use_rollout_n(tmp_path):
                                   "algorithm.adv_estimator": "grpo"}))
 
 
-def test_vllm_must_be_installed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("rollout", ["vllm", "vllm_multilora"])
+def test_vllm_must_be_installed(tmp_path, monkeypatch, rollout):
     monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: False)
     with pytest.raises(ConfigError, match="vllm is not installed here") as error:
-        check(config(tmp_path, **{"actor_rollout_ref.rollout.name": "vllm"}))
+        check(config(tmp_path, **{"actor_rollout_ref.rollout.name": rollout}))
     assert error.value.key == "actor_rollout_ref.rollout.name"
