@@ -189,6 +189,9 @@ def _check_adapters(config: DictConfig, settings: Any, groups: dict[str, list[st
             "adapter into the base for the rollout, which would then serve one role's weights to every role",
             "set actor_rollout_ref.model.lora.merge=false (each adapter is synced by name)",
         )
+    if _select(config, "actor_rollout_ref.model.lora_adapter_path"):
+        raise ConfigError("actor_rollout_ref.model.lora_adapter_path", "verl's one adapter, with adapters per policy",
+                          f"start an adapter from a folder with {SECTION}.policies.<name>.adapter.path instead")
     if _select(config, "actor_rollout_ref.actor.strategy") not in ("fsdp2", None):
         raise ConfigError("actor_rollout_ref.actor.strategy", f"{_select(config, 'actor_rollout_ref.actor.strategy')!r}: "
                           "several adapters on one base need FSDP2", "set actor_rollout_ref.actor.strategy=fsdp2")

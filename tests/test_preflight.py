@@ -227,6 +227,8 @@ def test_two_adapters_pass(tmp_path, plan_path_rows, tiny_model_dir):
         ({"pettingllms.policies.tool_adapter.adapter.path": "/nonexistent/adapter"},
          "pettingllms.policies.tool_adapter.adapter.path", "does not load as a peft adapter"),
         ({"actor_rollout_ref.rollout.name": "vllm"}, "actor_rollout_ref.rollout.name", "serves one LoRA adapter"),
+        ({"actor_rollout_ref.model.lora_adapter_path": "/adapters/one"}, "actor_rollout_ref.model.lora_adapter_path",
+         "verl's one adapter"),
         ({"tool": "self_attn"}, "pettingllms.policies.self_attn.adapter",
          "part of the base model's module name 'model.layers.0.self_attn'"),
     ],
