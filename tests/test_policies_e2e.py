@@ -113,18 +113,21 @@ def l2_run(artifacts):
     return metrics, dumped_rows(dump)
 
 
-def test_l2_runs_three_steps_with_metrics_per_policy(l2_run):
-    metrics, _ = l2_run
+def assert_three_steps_with_metrics_per_policy(metrics: list[dict], policies) -> None:
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         data = m["data"]
-        for policy in POLICY_OF.values():
+        for policy in policies:
             assert data[f"policy/{policy}/rows"] > 0
             for key in ("reward_mean", "actor/grad_norm", "actor/pg_loss", "actor/lr"):
                 assert f"policy/{policy}/{key}" in data, (policy, key)
-            # each policy's replicas sampled from its own actor's current weights (fp32 both sides)
+            # each policy's replicas sampled from its own current weights (fp32 both sides)
             assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
         assert "mas/success" in data and "at_grpo/num_groups" in data
+
+
+def test_l2_runs_three_steps_with_metrics_per_policy(l2_run):
+    assert_three_steps_with_metrics_per_policy(l2_run[0], POLICY_OF.values())
 
 
 def test_every_request_was_served_by_its_roles_policy(l2_run):
