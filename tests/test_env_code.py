@@ -98,6 +98,7 @@ def test_coder_reward_is_the_ground_truth_pass_rate_and_mismatches_reach_both_ro
     assert "<input>\n2 2\n</input>" in env.observation("coder")[1]["content"]  # the coder sees the tests
     result = env.step("coder", program("a, b = map(int, input().split())\nprint(abs(a + b))"))
     assert result.local_reward == pytest.approx(2 / 3)  # -3 1 -> 2, not -2
+    assert result.info["sandbox_runs"] == {"ok": 4}  # 3 ground-truth tests + the tester's one, each a sandbox run
     assert (env.global_reward, env.success, env.done) == (pytest.approx(2 / 3), False, True)  # passed the tester's test
 
 

@@ -162,9 +162,11 @@ def test_tool_failures_are_penalised():
     env = env_at(tool_limits={"wall_s": 0.5})
     stuck = env.step("tool", "```python\nwhile True:\n    pass\n```")
     assert stuck.local_reward == TOOL_FAILURE_PENALTY and stuck.info["tool_status"] == "timeout"
+    assert stuck.info["sandbox_runs"] == {"timeout": 1}  # reaches the metrics (mas/tool/sandbox/timeout)
     assert env.observation("plan")[1]["content"].endswith("[timeout]")
     crashed = env.step("tool", "```python\nraise SystemExit(3)\n```")
     assert crashed.local_reward == TOOL_FAILURE_PENALTY and crashed.info["tool_status"] == "error"
+    assert crashed.info["sandbox_runs"] == {"error": 1}
     garbage = env.step("tool", "```python\nprint('no idea')\n```")
     assert garbage.local_reward == TOOL_FAILURE_PENALTY and garbage.info["tool_status"] == "no_actions"
     no_code = env.step("tool", "go right")

@@ -216,3 +216,14 @@ def test_every_env_refuses_an_option_it_does_not_declare(name):
     assert cls.options and all(isinstance(help, str) and help for help in cls.options.values())
     with pytest.raises(ValueError, match=f"{name}: unknown option 'max_turn'; its options are"):
         envs.make(name, max_turn=2)
+
+
+def test_sandbox_runs_reach_the_metrics_per_role_and_status():
+    from pettingllms_verl.trainer.mas_trainer import episode_metrics
+
+    def row(role, runs):
+        return {"mas_role": role, "mas_local_reward": 0.0, "mas_parse_ok": True, "mas_sandbox_runs": runs}
+
+    metrics = episode_metrics([row("tool", {"ok": 1}), row("tool", {"timeout": 1}), row("tool", {"ok": 1}), row("plan", {})])
+    assert (metrics["mas/tool/sandbox/runs"], metrics["mas/tool/sandbox/ok"], metrics["mas/tool/sandbox/timeout"]) == (3, 2, 1)
+    assert not any(key.startswith("mas/plan/sandbox") for key in metrics)  # plan runs no code

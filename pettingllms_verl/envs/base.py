@@ -30,12 +30,24 @@ class StepResult:
     local_reward: the acting role's own reward for this reply.
     parse_ok: False when the reply could not be parsed (the state is then unchanged and
         ``local_reward`` holds the environment's fixed parse penalty).
-    info: free-form, JSON-serialisable diagnostics (e.g. sandbox status, moves applied).
+    info: free-form, JSON-serialisable diagnostics (e.g. sandbox status, moves applied); under
+        ``SANDBOX_RUNS``, the statuses of the sandbox runs this reply caused (see ``sandbox_runs``).
     """
 
     local_reward: float
     parse_ok: bool = True
     info: dict[str, Any] = field(default_factory=dict)
+
+
+SANDBOX_RUNS = "sandbox_runs"  # StepResult.info key: {sandbox status: runs} of this reply's programs
+
+
+def sandbox_runs(statuses) -> dict[str, dict[str, int]]:
+    """``info`` entry counting a reply's sandbox runs by status ("ok", "timeout", "killed", ...)."""
+    counts: dict[str, int] = {}
+    for status in statuses:
+        counts[status] = counts.get(status, 0) + 1
+    return {SANDBOX_RUNS: counts}
 
 
 class Env(abc.ABC):

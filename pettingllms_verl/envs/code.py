@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Sequence
 
 from pettingllms_verl.agents import code as prompts
 from pettingllms_verl.agents.parsing import extract_code, parse_io_tests
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, sandbox_runs, workflow_for
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 from pettingllms_verl.sandbox.client import MAX_PARALLEL
 
@@ -145,8 +145,10 @@ class CodeEnv(Env):
         reference = self.solution or (self.code if self.success else None)
         if reference is None:
             return StepResult(0.0, True, {"tests": len(tests), "reference": "none"})
-        agree = sum(outcome.passed for outcome in run_tests(reference, tests, self.test_limits))
-        return StepResult(agree / len(tests), True, {"tests": len(tests), "agree_with_reference": agree})
+        outcomes = run_tests(reference, tests, self.test_limits)
+        agree = sum(outcome.passed for outcome in outcomes)
+        info = {"tests": len(tests), "agree_with_reference": agree, **sandbox_runs(o.status for o in outcomes)}
+        return StepResult(agree / len(tests), True, info)
 
     def _coder_step(self, text: str) -> StepResult:
         code = extract_code(text)
@@ -166,7 +168,8 @@ class CodeEnv(Env):
         )
         # MAS: done once the program passes the tester's tests; SA: the first program is final
         self.done = (bool(self.tests) and not self.mismatches) or not self.tester_acted or self.turn >= self.max_turns
-        return StepResult(self.pass_rate, True, {"passed": sum(o.passed for o in truth), "tester_failed": len(self.mismatches)})
+        info = {"passed": sum(o.passed for o in truth), "tester_failed": len(self.mismatches), **sandbox_runs(o.status for o in outcomes)}
+        return StepResult(self.pass_rate, True, info)
 
     def clone(self) -> CodeEnv:
         # every per-episode field is immutable (str, tuples, numbers): a shallow copy is independent

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from pettingllms_verl.agents import math as prompts
 from pettingllms_verl.agents.parsing import extract_code, last_boxed
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, sandbox_runs, workflow_for
 from pettingllms_verl.envs.math_grading import MAX_ANSWER_CHARS, equivalent
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 
@@ -117,10 +117,11 @@ class MathEnv(Env):
         run = run_python(code, limits=self.tool_limits)
         self.tool_code, self.tool_output = code, run.transcript()
         self.tool_answer = output_answer(run.stdout) if run.ok else None
+        ran = sandbox_runs([run.status])
         if self.tool_answer is None:
-            return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": run.status if not run.ok else "no_answer"})
+            return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": run.status if not run.ok else "no_answer", **ran})
         correct = equivalent(self.answer, self.tool_answer)
-        return StepResult(1.0 if correct else 0.0, True, {"tool_status": "ok", "correct": correct})
+        return StepResult(1.0 if correct else 0.0, True, {"tool_status": "ok", "correct": correct, **ran})
 
     def _reasoner_step(self, text: str) -> StepResult:
         answer = last_boxed(text, MAX_ANSWER_CHARS)

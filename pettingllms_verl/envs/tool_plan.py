@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from pettingllms_verl.agents.parsing import extract_code
 from pettingllms_verl.agents.tool_plan import PuzzlePrompts, plan_messages, tool_messages
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
+from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, sandbox_runs, workflow_for
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 
 PARSE_PENALTY = -0.5
@@ -108,14 +108,15 @@ class ToolPlanEnv(Env):
         run = run_python(code, stdin=json.dumps(self.view()), limits=self.tool_limits)
         self.tool_code = code
         self.tool_output = run.transcript()
+        ran = sandbox_runs([run.status])
         if not run.ok:
-            return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": run.status})
+            return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": run.status, **ran})
         actions = self.parse_actions(run.stdout)
         if actions is None:
-            return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": "no_actions"})
+            return StepResult(TOOL_FAILURE_PENALTY, True, {"tool_status": "no_actions", **ran})
         trial = self.clone()
         reward, info = trial.apply(actions)
-        return StepResult(reward, True, {"tool_status": "ok", "would_solve": trial.success, **info})
+        return StepResult(reward, True, {"tool_status": "ok", "would_solve": trial.success, **info, **ran})
 
     def clone(self) -> ToolPlanEnv:
         twin = object.__new__(type(self))

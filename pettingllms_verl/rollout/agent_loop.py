@@ -172,6 +172,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             "mas_success": episode.success if last else None,
             "mas_end_cause": episode.end_cause if last else None,  # None: the env finished it (episode.TRUNCATIONS, ERRORS)
             "mas_placeholder": sample.placeholder,
+            "mas_sandbox_runs": sample.sandbox_runs,  # {sandbox status: runs} of this reply's programs
             "mas_turns": episode.turns if last else None,
             "mas_env_s": episode.env_s if last else None,
             "mas_generate_s": episode.generate_s if last else None,

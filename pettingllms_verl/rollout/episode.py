@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
-from pettingllms_verl.envs.base import Env, Messages
+from pettingllms_verl.envs.base import SANDBOX_RUNS, Env, Messages
 
 # Why an episode ended: None = the environment finished it.
 TRUNCATIONS = ("max_turns", "prompt_overflow")  # out of turns | a prompt over the rollout's prompt budget
@@ -51,6 +51,7 @@ class Sample:
     parse_ok: bool
     chosen: bool = False
     placeholder: bool = False  # stands for an episode that ended before its first reply: never trained on
+    sandbox_runs: dict[str, int] = field(default_factory=dict)  # the sandbox runs this reply caused, by status
 
 
 class PromptTooLong(ValueError):
@@ -155,6 +156,7 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
                         global_reward=global_reward,
                         reward=alpha * global_reward + float(result.local_reward),
                         parse_ok=bool(result.parse_ok),
+                        sandbox_runs=dict(result.info.get(SANDBOX_RUNS, {})),
                     )
                 )
             best = best_branch([s.reward for s in node_samples])

@@ -71,8 +71,14 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
     replies = [t for t in tags if not t.get("mas_placeholder")]
     metrics["mas/parse_failure_rate"] = float(np.mean([not t["mas_parse_ok"] for t in replies])) if replies else 0.0
     by_role: dict[str, list[float]] = defaultdict(list)
+    sandbox: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for t in replies:
         by_role[t["mas_role"]].append(t["mas_local_reward"])
+        for status, runs in (t.get("mas_sandbox_runs") or {}).items():
+            sandbox[t["mas_role"]][status] += runs
+    for role, counts in sorted(sandbox.items()):  # the sandbox runs of a role's programs this step, by status
+        metrics[f"mas/{role}/sandbox/runs"] = float(sum(counts.values()))
+        metrics.update({f"mas/{role}/sandbox/{status}": float(runs) for status, runs in counts.items()})
     for role, rewards in sorted(by_role.items()):
         metrics[f"mas/{role}/reward_mean"] = float(np.mean(rewards))
     return metrics
