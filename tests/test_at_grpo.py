@@ -18,7 +18,6 @@ from pettingllms_verl.algo import (
     compute_at_grpo_advantage,
     group_ids,
     group_stats,
-    mix_rewards,
     register_at_grpo,
     zero_variance_frac,
 )
@@ -107,12 +106,6 @@ def test_empty_batch():
 def test_index_length_mismatch_raises():
     with pytest.raises(ValueError, match="keys for"):
         compute_at_grpo_advantage(torch.zeros(3, 2), torch.ones(3, 2), ["a", "b"])
-
-
-def test_mix_rewards():
-    local, global_ = torch.tensor([1.0, -0.5, 0.0]), torch.tensor([2.0, 4.0, -1.0])
-    torch.testing.assert_close(mix_rewards(local, global_, 0.5), torch.tensor([2.0, 1.5, -0.5]))
-    torch.testing.assert_close(mix_rewards(local, global_, 0.0), local)
 
 
 def assert_ids_match_equality(keys, ids):

@@ -79,14 +79,17 @@ def test_identical_prompts_share_one_prefill_and_still_sample_apart(engine, mode
     assert [o.token_ids for o in together] == [alone[0].token_ids, alone[1].token_ids, alone[0].token_ids]
 
 
-def test_max_tokens_per_request_in_one_batch(engine, chat_ids):
-    prompt = chat_ids("Count")
+def test_max_tokens_per_request_in_one_batch(engine, model, chat_ids):
+    """Three budgets in one generate call: each reply is cut at its own budget."""
+    engine.eos_token_ids = [len(engine.tokenizer) + 1]  # never sampled: every reply runs to its budget
+    batch_sizes = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, out: batch_sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
     specs = [SamplingSpec(max_tokens=n, temperature=1.0) for n in (1, 3, 7)]
-    outs = engine.generate([prompt] * 3, specs)
-    for spec, out in zip(specs, outs):
-        assert len(out.token_ids) <= spec.max_tokens
-        if out.finish_reason == "length":
-            assert len(out.token_ids) == spec.max_tokens
+    outs = engine.generate([chat_ids("Count"), chat_ids("Count to ten"), chat_ids("x")], specs)
+    hook.remove()
+    assert [(len(out.token_ids), out.finish_reason) for out in outs] == [(1, "length"), (3, "length"), (7, "length")]
+    assert [len(out.log_probs) for out in outs] == [1, 3, 7]
+    assert batch_sizes == [3] * 7  # one batch: every forward carries the three rows, 7 steps for the longest
 
 
 def test_top_k_one_matches_greedy(engine, chat_ids):

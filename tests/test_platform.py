@@ -69,10 +69,15 @@ def test_plugin_disabled_means_no_cpu_platform():
 
 
 def test_registration_failure_is_loud(monkeypatch, capsys):
+    """A registration that did not take (verl's replica registry drops it) is caught by the real
+    self-check, loudly."""
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
     import pettingllms_verl.registration as registration
 
     monkeypatch.setattr(registration, "_registered", False)
-    monkeypatch.setattr(registration, "_check", lambda: ["rollout replica 'hf'"])
+    monkeypatch.delitem(RolloutReplicaRegistry._registry, "hf")
+    monkeypatch.setattr(RolloutReplicaRegistry, "register", staticmethod(lambda *args, **kwargs: None))
     with pytest.raises(RuntimeError, match="rollout replica 'hf'"):
         registration.register()
     assert "plugin registration FAILED" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""AT-GRPO: group keys, reward mixing, advantages (pure tensor functions).
+"""AT-GRPO: group keys and advantages (pure tensor functions); rewards are mixed where they are
+made, per sample, in ``rollout/episode.py``.
 
 Importing this package registers the ``at_grpo`` advantage estimator with verl.
 """
@@ -8,7 +9,6 @@ from pettingllms_verl.algo.at_grpo import (
     compute_at_grpo_advantage,
     group_ids,
     group_stats,
-    mix_rewards,
     register_at_grpo,
     zero_variance_frac,
 )
@@ -18,7 +18,6 @@ __all__ = [
     "compute_at_grpo_advantage",
     "group_ids",
     "group_stats",
-    "mix_rewards",
     "register_at_grpo",
     "zero_variance_frac",
 ]

@@ -1,6 +1,6 @@
 """AT-GRPO: agent- and turn-wise GRPO as pure tensor functions, in the style of verl's core_algos.
 
-A sample's reward is ``r = alpha * global + local``; its advantage is normalised within its group
+A sample's reward is ``r = alpha * global + local`` (mixed in ``rollout/episode.py``); its advantage is normalised within its group
 g = (problem uid, turn, role, tree node), whose key reaches the estimator as one hashable entry
 of ``index`` per row. Importing this module registers the estimator with verl as ``at_grpo``,
 so ``algorithm.adv_estimator=at_grpo`` selects it.
@@ -25,24 +25,9 @@ __all__ = [
     "compute_at_grpo_advantage",
     "group_ids",
     "group_stats",
-    "mix_rewards",
     "register_at_grpo",
     "zero_variance_frac",
 ]
-
-
-def mix_rewards(local: torch.Tensor, global_: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Mixed AT-GRPO reward ``alpha * global_ + local``.
-
-    Args:
-        local: `(torch.Tensor)` shape (bs,), the acting role's own reward.
-        global_: `(torch.Tensor)` shape (bs,), the team reward.
-        alpha: weight of the team reward.
-
-    Returns:
-        `(torch.Tensor)` shape (bs,)
-    """
-    return alpha * global_ + local
 
 
 def group_ids(index: Any) -> torch.Tensor:
