@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench_policies import MODEL_100M
-from pettingllms_verl.backends.cpu.hf_engine import HFGenerationEngine, SamplingSpec
+from pettingllms_verl.backends.hf.engine import HFGenerationEngine, SamplingSpec
 from pettingllms_verl.models.tiny import build
 
 STEP_PHASES = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights", "timing_s/step")
@@ -99,7 +99,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results/rollout.json", help="JSON output path")
     args = parser.parse_args(argv)
     if args.device == "cpu":
-        torch.set_num_threads(1)  # as the hf server does on CPU (see hf_rollout.py)
+        torch.set_num_threads(1)  # as the hf server does on CPU (see pettingllms_verl/backends/hf/rollout.py)
     result = {"rollout": rollout_rates(args.requests, args.tokens, args.device)}
     r = result["rollout"]
     print(f"| hf rollout on {r['device']}, {r['requests']} requests x {r['tokens_per_request']} tokens | tokens/s |")

@@ -11,14 +11,14 @@ import sys
 
 logger = logging.getLogger(__name__)
 
-_HF_ADAPTER = "pettingllms_verl.backends.cpu.hf_rollout.HFServerAdapter"
+_HF_ADAPTER = "pettingllms_verl.backends.hf.rollout.HFServerAdapter"
 _EPISODE_LOOP = "pettingllms_verl.rollout.agent_loop.EpisodeAgentLoop"
 
 _registered = False
 
 
 def _load_hf_replica():
-    from pettingllms_verl.backends.cpu.hf_rollout import HFRolloutReplica
+    from pettingllms_verl.backends.hf.rollout import HFRolloutReplica
 
     return HFRolloutReplica
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pettingllms_verl.backends.cpu.hf_engine import HFGenerationEngine, SamplingSpec
+from pettingllms_verl.backends.hf.engine import HFGenerationEngine, SamplingSpec
 
 LOGPROB_ATOL = 1e-4  # fp32: padded batched vs unpadded single forward differ by ~1e-6 on CPU
 

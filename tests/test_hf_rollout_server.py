@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from verl.workers.config import RolloutConfig
 
-from pettingllms_verl.backends.cpu.hf_rollout import (
+from pettingllms_verl.backends.hf.rollout import (
     HFRolloutServer,
     HFServerAdapter,
     claim_device,

@@ -26,7 +26,7 @@ from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from pettingllms_verl.backends.cpu.hf_engine import HFGenerationEngine, SamplingSpec
+from pettingllms_verl.backends.hf.engine import HFGenerationEngine, SamplingSpec
 from pettingllms_verl.config import rollout_policy
 
 logger = logging.getLogger(__name__)
