@@ -129,9 +129,8 @@ def _check_policies(config: DictConfig) -> None:
             try:
                 env = envs.make(env_name, **settings.env_kwargs)
             except (ValueError, TypeError) as error:
-                option = str(error).split("'")[1] if "unknown option" in str(error) else ""
-                raise ConfigError(f"{SECTION}.env_kwargs" + (f".{option}" if option else ""), str(error),
-                                  "use the options the error names (or drop the key)") from None
+                key = f"{SECTION}.env_kwargs" + (f".{error.option}" if isinstance(error, envs.UnknownEnvOption) else "")
+                raise ConfigError(key, str(error), "use the options the error names (or drop the key)") from None
             env.reset(seed=seed, task=task)  # some envs' workflow depends on the task (who starts, deck size)
             settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
     except SettingsError as error:

@@ -28,6 +28,15 @@ def available() -> list[str]:
     return sorted(_ENVS)
 
 
+class UnknownEnvOption(ValueError):
+    """``make`` got an option its environment does not declare (``option`` names it)."""
+
+    def __init__(self, env: str, option: str, options: dict[str, str]):
+        known = "; ".join(f"{key}: {help}" for key, help in sorted(options.items())) or "none"
+        super().__init__(f"{env}: unknown option {option!r}; its options are {known}")
+        self.option = option
+
+
 def make(name: str, **config) -> Env:
     """Build the environment registered as ``name`` (not yet reset)."""
     if name not in _ENVS:
@@ -36,9 +45,8 @@ def make(name: str, **config) -> Env:
     cls = getattr(importlib.import_module(module_name), class_name)
     unknown = sorted(set(config) - set(cls.options))
     if unknown:
-        known = "; ".join(f"{key}: {help}" for key, help in sorted(cls.options.items())) or "none"
-        raise ValueError(f"{name}: unknown option {unknown[0]!r}; its options are {known}")
+        raise UnknownEnvOption(name, unknown[0], cls.options)
     return cls(**config)
 
 
-__all__ = ["Env", "Messages", "StepResult", "Workflow", "available", "make", "register_env"]
+__all__ = ["Env", "Messages", "StepResult", "UnknownEnvOption", "Workflow", "available", "make", "register_env"]

@@ -9,6 +9,7 @@ parsed action does to the state and what it is worth.
 from __future__ import annotations
 
 import abc
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -44,10 +45,7 @@ SANDBOX_RUNS = "sandbox_runs"  # StepResult.info key: {sandbox status: runs} of 
 
 def sandbox_runs(statuses) -> dict[str, dict[str, int]]:
     """``info`` entry counting a reply's sandbox runs by status ("ok", "timeout", "killed", ...)."""
-    counts: dict[str, int] = {}
-    for status in statuses:
-        counts[status] = counts.get(status, 0) + 1
-    return {SANDBOX_RUNS: counts}
+    return {SANDBOX_RUNS: dict(Counter(statuses))}
 
 
 class Env(abc.ABC):

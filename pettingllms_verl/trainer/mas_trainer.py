@@ -23,7 +23,7 @@ import copy
 import json
 import math
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 import ray
@@ -71,13 +71,14 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
     replies = [t for t in tags if not t.get("mas_placeholder")]
     metrics["mas/parse_failure_rate"] = float(np.mean([not t["mas_parse_ok"] for t in replies])) if replies else 0.0
     by_role: dict[str, list[float]] = defaultdict(list)
-    sandbox: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    sandbox: dict[str, Counter] = defaultdict(Counter)
     for t in replies:
         by_role[t["mas_role"]].append(t["mas_local_reward"])
-        for status, runs in (t.get("mas_sandbox_runs") or {}).items():
-            sandbox[t["mas_role"]][status] += runs
+        sandbox[t["mas_role"]].update(t.get("mas_sandbox_runs") or {})
     for role, counts in sorted(sandbox.items()):  # the sandbox runs of a role's programs this step, by status
-        metrics[f"mas/{role}/sandbox/runs"] = float(sum(counts.values()))
+        if not counts:
+            continue
+        metrics[f"mas/{role}/sandbox/runs"] = float(counts.total())
         metrics.update({f"mas/{role}/sandbox/{status}": float(runs) for status, runs in counts.items()})
     for role, rewards in sorted(by_role.items()):
         metrics[f"mas/{role}/reward_mean"] = float(np.mean(rewards))
@@ -137,10 +138,10 @@ class MASTrainer(PPOTrainerSync):
         super()._init_resource_pool_mgr()
         if self.use_critic:
             raise ValueError("mas_sync trains GRPO-style estimators: a critic (algorithm.adv_estimator=gae) is not supported")
-        role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
-        self._full_model_worker = self.role_worker_mapping[role]  # verl's worker, for full-model groups
+        self._actor_role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
+        self._full_model_worker = self.role_worker_mapping[self._actor_role]  # verl's worker, for full-model groups
         if self.first_group == ADAPTER_GROUP:
-            self.role_worker_mapping[role] = ray.remote(MultiLoRAActorRolloutRefWorker)
+            self.role_worker_mapping[self._actor_role] = ray.remote(MultiLoRAActorRolloutRefWorker)
         spec = dict(self.resource_pool_manager.resource_pool_spec)
         trainer = self.config.trainer
         for name in self.group_policies:
@@ -178,7 +179,7 @@ class MASTrainer(PPOTrainerSync):
             # the LR horizon verl's _init_dataloader wrote into the main config
             config.actor_rollout_ref.actor.optim.total_training_steps = self.config.actor_rollout_ref.actor.optim.total_training_steps
         config = policy_config(config, name)
-        role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
+        role = self._actor_role
         pool_name = "global_pool" if self.policy_table[name].pool == "shared" else f"policy_{name}"
         pool = self.resource_pool_manager.resource_pool_dict[pool_name]
         worker = RayClassWithInitArgs(cls=self._full_model_worker, config=config.actor_rollout_ref, role=str(role))
