@@ -47,6 +47,7 @@ from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load, policy_config
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
+from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker
 
 TRAINER_MODE = "mas_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
@@ -139,9 +140,10 @@ class MASTrainer(PPOTrainerSync):
         if self.use_critic:
             raise ValueError("mas_sync trains GRPO-style estimators: a critic (algorithm.adv_estimator=gae) is not supported")
         self._actor_role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
-        self._full_model_worker = self.role_worker_mapping[self._actor_role]  # verl's worker, for full-model groups
-        if self.first_group == ADAPTER_GROUP:
-            self.role_worker_mapping[self._actor_role] = ray.remote(MultiLoRAActorRolloutRefWorker)
+        # verl's hybrid worker with the shared-prefix forward (actor.use_prefix_grouper), for full-model groups
+        self._full_model_worker = ray.remote(SharedPrefixActorRolloutRefWorker)
+        first = MultiLoRAActorRolloutRefWorker if self.first_group == ADAPTER_GROUP else SharedPrefixActorRolloutRefWorker
+        self.role_worker_mapping[self._actor_role] = ray.remote(first)
         spec = dict(self.resource_pool_manager.resource_pool_spec)
         trainer = self.config.trainer
         for name in self.group_policies:
@@ -259,6 +261,25 @@ class MASTrainer(PPOTrainerSync):
                             self._name_adapter(part, name)
                             self._update_actor(part, metrics=per_policy[name])
         self._merge_policy_metrics(metrics, per_policy)
+        return batch
+
+    def _balance_batch(self, batch: KVBatchMeta, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """verl's padding and balancing over data-parallel ranks; then, with the shared-prefix
+        forward on, the rows of each rank's share ordered so that an AT-GRPO group's rows (the K
+        branches of one prompt) are adjacent: mini-batches are cut from that order."""
+        batch = super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+        if not self.config.actor_rollout_ref.actor.get("use_prefix_grouper", False):
+            return batch
+        tags = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"]
+        groups = [tag.get("mas_group", ("row", i)) if isinstance(tag, dict) else ("row", i) for i, tag in enumerate(tags)]
+        share = len(groups) // (max(self.actor_rollout_wg._dispatch_info["actor"]) + 1)  # rows per rank (verl's dispatch)
+        order = []
+        for start in range(0, len(groups), share):
+            first_seen: dict = {}
+            for i in range(start, start + share):
+                first_seen.setdefault(repr(groups[i]), len(first_seen))
+            order += sorted(range(start, start + share), key=lambda i: first_seen[repr(groups[i])])
+        batch.reorder(order)
         return batch
 
     def _group_of(self, policy: str) -> PolicyGroup:

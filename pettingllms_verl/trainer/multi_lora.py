@@ -30,10 +30,9 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils import tensordict_utils as tu
 from verl.utils.fsdp_utils import collect_lora_params, replace_lora_wrapper
 from verl.utils.model import convert_weight_keys
-from verl.workers.engine import FSDPEngineWithLMHead
-from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from pettingllms_verl.config import adapter_table
+from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, SharedPrefixFSDPEngine, SharedPrefixTrainingWorker
 
 ADAPTER_KEY = "pettingllms_adapter"  # extra_info of a batch of the adapter group: the adapter its rows train/score
 EXPORT_DIR = "lora_adapters"  # <checkpoint>/lora_adapters/<name>/: each adapter in peft format, servable alone
@@ -49,8 +48,9 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu()
 
 
-class MultiLoRAFSDPEngine(FSDPEngineWithLMHead):
-    """verl's FSDP engine with one named LoRA adapter per policy (see the module docstring)."""
+class MultiLoRAFSDPEngine(SharedPrefixFSDPEngine):
+    """verl's FSDP engine with one named LoRA adapter per policy (see the module docstring); the
+    adapters share the base's shared-prefix forward (``trainer/shared_prefix.py``)."""
 
     active_adapter: str | None = None
     adapter_steps: dict[str, int]  # optimizer-update count per adapter: its LR schedule's position
@@ -182,18 +182,17 @@ class MultiLoRAFSDPEngine(FSDPEngineWithLMHead):
         self.adapter_steps.update({name: steps[name] for name in self.adapter_steps})  # in place: the LR lambdas hold it
 
 
-class AdapterTrainingWorker(TrainingWorker):
+class AdapterTrainingWorker(SharedPrefixTrainingWorker):
     """verl's training worker on ``MultiLoRAFSDPEngine``; each batch names its adapter (``ADAPTER_KEY``)."""
+
+    engine_cls = MultiLoRAFSDPEngine
 
     def __init__(self, config):
         super().__init__(config)
-        if type(self.engine) is not FSDPEngineWithLMHead:
+        if type(self.engine) is not MultiLoRAFSDPEngine:
             raise ValueError(
                 f"LoRA adapters per policy need verl's FSDP engine (actor_rollout_ref.actor.strategy=fsdp2), got {type(self.engine).__name__}"
             )
-        # Same object, our subclass: the engine's constructor already built its device meshes (and
-        # process groups); the model is built later, in reset(), by the subclass's methods.
-        self.engine.__class__ = MultiLoRAFSDPEngine
 
     def _activate(self, data, reference: bool) -> None:
         name = tu.pop(data, key=ADAPTER_KEY, default=None)
@@ -212,7 +211,7 @@ class AdapterTrainingWorker(TrainingWorker):
         return super().infer_batch(data)
 
 
-class MultiLoRAActorRolloutRefWorker(ActorRolloutRefWorker):
+class MultiLoRAActorRolloutRefWorker(SharedPrefixActorRolloutRefWorker):
     """verl's hybrid worker for the adapter group: adapter-aware training worker and weight sync."""
 
     actor_worker_cls = AdapterTrainingWorker

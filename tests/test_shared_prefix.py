@@ -1,0 +1,238 @@
+"""The shared-prefix forward in verl's own FSDP engine equals verl's plain forward: per-token
+log-probs, entropy and parameter gradients within 1e-5 in fp32, for groups with ragged replies,
+padding-like duplicate rows, singletons and micro-batches holding several groups."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+
+from pettingllms_verl.registration import register
+
+register()  # the CPU platform before verl resolves its device
+from pettingllms_verl.trainer.shared_prefix import (  # noqa: E402
+    SharedPrefixFSDPEngine,
+    identical_prompt_groups,
+    pack,
+    partition,
+    prompt_lengths,
+    split_to,
+)
+
+
+# ------------------------------------------------------------------ pure functions
+
+
+def test_partition_keeps_groups_whole_under_a_row_budget():
+    groups = [[0, 1, 2, 3], [4], [5, 6], [7, 8, 9, 10, 11]]
+    lens = [10] * 12
+    parts = partition(groups, [8] * 12, lens, max_rows=4)
+    assert parts == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9, 10, 11]]
+
+
+def test_partition_counts_a_shared_prompt_once_and_cuts_a_group_over_the_token_budget():
+    prompt = [100] * 6
+    seq = [110, 110, 110, 110, 105, 105]  # group of 4 replies of 10 tokens, then a pair of 5
+    # group 0 costs 100 + 40 = 140 tokens (not 440); group 1 costs 110
+    assert partition([[0, 1, 2, 3], [4, 5]], prompt, seq, max_tokens=260) == [[0, 1, 2, 3, 4, 5]]
+    assert partition([[0, 1, 2, 3], [4, 5]], prompt, seq, max_tokens=200) == [[0, 1, 2, 3], [4, 5]]
+    # over the budget alone: cut into parts that each fit (each still shares its prompt)
+    assert partition([[0, 1, 2, 3]], prompt, seq, max_tokens=125) == [[0, 1], [2, 3]]
+
+
+def test_split_to_reaches_the_data_parallel_count():
+    parts = split_to([[0, 1, 2, 3], [4]], 4)
+    assert len(parts) == 4 and sorted(r for p in parts for r in p) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="cannot cut 2 rows into 3"):
+        split_to([[0], [1]], 3)
+
+
+def test_groups_are_found_by_tokens_not_by_tags():
+    rows = torch.nested.as_nested_tensor([torch.tensor(r) for r in ([1, 2, 3, 9], [1, 2, 3, 8, 8], [1, 2, 4, 9], [1, 2, 3, 7])], layout=torch.jagged)
+    assert identical_prompt_groups(rows, torch.tensor([3, 3, 3, 3])) == [[0, 1, 3], [2]]
+    # the same tokens with a different prompt/reply split are different prompts
+    assert identical_prompt_groups(rows, torch.tensor([3, 3, 3, 2])) == [[0, 1], [2], [3]]
+
+
+def test_pack_lets_each_reply_see_the_prompt_and_itself_only():
+    rows = torch.nested.as_nested_tensor([torch.tensor([5, 6, 1, 2]), torch.tensor([5, 6, 3])], layout=torch.jagged)
+    positions = torch.nested.as_nested_tensor([torch.arange(4), torch.arange(3)], layout=torch.jagged)
+    packed = pack(rows, positions, torch.tensor([2, 2]), [[0, 1]])
+    assert packed.input_ids.tolist() == [[5, 6, 1, 2, 3]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2]]
+    assert packed.allowed[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0],
+        [1, 1, 0, 0, 1],  # the second reply: the prompt and itself, not the first reply
+    ]
+    assert packed.index.tolist() == [0, 1, 2, 3, 0, 1, 4]
+    assert packed.tokens == 5
+
+
+# ------------------------------------------------------------------ verl's engine, plain vs shared
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    """verl's FSDP2 engine (EngineRegistry, initialize()) on the tiny model, fp32, one gloo rank."""
+    import torch.distributed as dist
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.engine import EngineRegistry
+
+    if not dist.is_initialized():
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    engine = EngineRegistry.new(
+        model_type="language_model",
+        backend="fsdp2",
+        model_config=HFModelConfig(path=tiny_model_dir, override_config={"attn_implementation": "sdpa"}),
+        engine_config=FSDPEngineConfig(strategy="fsdp2", mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}),
+        optimizer_config=FSDPOptimizerConfig(lr=1e-3),
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.__class__ = SharedPrefixFSDPEngine  # as SharedPrefixTrainingWorker does
+    engine.initialize()
+    return engine
+
+
+def _batch(prompts: list[list[int]], replies: list[list[int]], **meta):
+    """A verl no-padding batch, as the trainer builds it (left-padded prompts, right-padded replies)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    n, max_p, max_r = len(prompts), max(map(len, prompts)), max(map(len, replies))
+    prompt_ids = torch.zeros(n, max_p, dtype=torch.long)
+    response_ids = torch.zeros(n, max_r, dtype=torch.long)
+    attention = torch.zeros(n, max_p + max_r, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, replies, strict=True)):
+        prompt_ids[i, max_p - len(p) :] = torch.tensor(p)
+        response_ids[i, : len(r)] = torch.tensor(r)
+        attention[i, max_p - len(p) : max_p + len(r)] = 1
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    td = tu.get_tensordict(
+        {
+            "prompts": prompt_ids,
+            "responses": response_ids,
+            "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
+            "attention_mask": attention,
+            "response_mask": attention[:, max_p:],
+            "position_ids": position_ids,
+        }
+    )
+    td = left_right_2_no_padding(td)
+    defaults = dict(
+        temperature=1.0,
+        calculate_entropy=True,
+        use_fused_kernels=False,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=4,
+        max_token_len_per_gpu=10_000,
+        global_batch_size=n,
+    )
+    tu.assign_non_tensor(td, **{**defaults, **meta})
+    td["weights"] = torch.randn(n, max_r, generator=torch.Generator().manual_seed(1))
+    return td
+
+
+def _case(vocab: int):
+    """Two groups of ragged replies (one with a duplicate row, as verl's padding makes), a long
+    multi-turn-like prompt group and two singletons."""
+    g = torch.Generator().manual_seed(0)
+    tok = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
+    p1, p2, p3 = tok(40), tok(25), tok(90)
+    prompts = [p1, p1, p1, p1, p2, tok(30), p2, p2, p3, p3, tok(12), tok(3)]
+    replies = [tok(7), tok(3), tok(11), tok(1), tok(5), tok(9), tok(5), tok(2), tok(6), tok(14), tok(4), tok(2)]
+    replies[7] = list(replies[4])  # the same prompt and reply twice
+    prompts[7] = list(p2)
+    return prompts, replies
+
+
+def _weighted_loss(model_output, data, dp_group=None):
+    """A loss with a different weight on every reply token (``weights``, carried by the rows), on
+    verl's response layout: any gradient misrouted between rows or tokens shows."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    mask = data["response_mask"].float() * data["weights"]
+    value = (no_padding_2_padding(model_output["log_probs"], data) * mask).sum()
+    value = value + 0.1 * (no_padding_2_padding(model_output["entropy"], data) * mask).sum()
+    return value, {}
+
+
+def _run(engine, data, share: bool, loss=None):
+    from verl.utils import tensordict_utils as tu
+
+    engine.share_prefix = share
+    engine.optimizer_zero_grad()
+    output = engine.forward_backward_batch(data, loss_function=loss, forward_only=loss is None)
+    grads = {n: p.grad.detach().clone() for n, p in engine.module.named_parameters() if p.grad is not None}
+    return output, grads, tu
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        dict(use_dynamic_bsz=False, micro_batch_size_per_gpu=4, use_remove_padding=False),
+        dict(use_dynamic_bsz=True, max_token_len_per_gpu=120, use_remove_padding=False),
+        dict(use_dynamic_bsz=False, micro_batch_size_per_gpu=6, use_remove_padding=True),
+    ],
+    ids=["rows-padded", "tokens-padded", "rows-packed"],
+)
+def test_shared_forward_equals_verl_plain_forward(engine, budget):
+    vocab = engine.module.config.vocab_size
+    prompts, replies = _case(vocab)
+
+    plain_out, _, _ = _run(engine, _batch(prompts, replies, **budget), share=False)
+    shared_out, _, _ = _run(engine, _batch(prompts, replies, **budget), share=True)
+    for key in ("log_probs", "entropy"):
+        a, b = plain_out["model_output"][key], shared_out["model_output"][key]
+        assert [t.shape for t in a.unbind()] == [t.shape for t in b.unbind()]
+        # a row's last log-prob scores the next row's first token in verl's packing: no meaning, no loss
+        a, b = (torch.cat([t[:-1] for t in x.unbind()]) for x in (a, b))
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+    frac = shared_out["metrics"]["shared_prefix/token_frac"][0]
+    assert frac < 0.75  # the groups' prompts were processed once
+
+    _, plain_grads, _ = _run(engine, _batch(prompts, replies, **budget), share=False, loss=_weighted_loss)
+    _, shared_grads, _ = _run(engine, _batch(prompts, replies, **budget), share=True, loss=_weighted_loss)
+    assert plain_grads.keys() == shared_grads.keys() and plain_grads
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=0, msg=lambda m: f"{name}: {m}")
+    assert any(g.abs().sum() > 0 for g in plain_grads.values())
+
+
+def test_a_batch_of_singletons_is_verl_plain_forward(engine):
+    prompts, replies = [[5, 6, 7], [5, 6, 8], [9, 9]], [[4], [4, 4], [3]]
+    data = _batch(prompts, replies)
+    assert identical_prompt_groups(data["input_ids"], prompt_lengths(data)) == [[0], [1], [2]]
+    plain_out, _, _ = _run(engine, _batch(prompts, replies, micro_batch_size_per_gpu=3), share=False)
+    shared_out, _, _ = _run(engine, _batch(prompts, replies, micro_batch_size_per_gpu=3), share=True)
+    assert torch.equal(shared_out["model_output"]["log_probs"].values(), plain_out["model_output"]["log_probs"].values())
+    assert shared_out["metrics"]["shared_prefix/token_frac"] == [1.0]
+
+
+def test_an_attention_without_masks_runs_plainly_and_says_why(engine, caplog):
+    config = engine.module.config
+    before = config._attn_implementation
+    config._attn_implementation = "flash_attention_2"
+    try:
+        engine.share_prefix = True
+        assert engine._why_plain(_batch([[5, 6]], [[4]])) == (
+            "attn_implementation='flash_attention_2' takes no arbitrary attention mask (use one of ('sdpa', 'eager'))"
+        )
+        with caplog.at_level("WARNING"):
+            assert not engine._sharing(_batch([[5, 6]], [[4]]))
+        assert "use_prefix_grouper=True: running verl's plain forward, because of attn_implementation" in caplog.text
+    finally:
+        config._attn_implementation = before
