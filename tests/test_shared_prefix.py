@@ -4,15 +4,13 @@ padding-like duplicate rows, singletons and micro-batches holding several groups
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 
 from pettingllms_verl.registration import register
 
 register()  # the CPU platform before verl resolves its device
+from pettingllms_verl.trainer.local_engine import local_engine, no_padding_batch  # noqa: E402
 from pettingllms_verl.trainer.shared_prefix import (  # noqa: E402
     SharedPrefixFSDPEngine,
     identical_prompt_groups,
@@ -77,73 +75,16 @@ def test_pack_lets_each_reply_see_the_prompt_and_itself_only():
 # ------------------------------------------------------------------ verl's engine, plain vs shared
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     """verl's FSDP2 engine (EngineRegistry, initialize()) on the tiny model, fp32, one gloo rank."""
-    import torch.distributed as dist
-    from verl.trainer.config import CheckpointConfig
-    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
-    from verl.workers.engine import EngineRegistry
-
-    if not dist.is_initialized():
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    engine = EngineRegistry.new(
-        model_type="language_model",
-        backend="fsdp2",
-        model_config=HFModelConfig(path=tiny_model_dir, override_config={"attn_implementation": "sdpa"}),
-        engine_config=FSDPEngineConfig(strategy="fsdp2", mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}),
-        optimizer_config=FSDPOptimizerConfig(lr=1e-3),
-        checkpoint_config=CheckpointConfig(),
-    )
-    engine.__class__ = SharedPrefixFSDPEngine  # as SharedPrefixTrainingWorker does
-    engine.initialize()
-    return engine
+    return local_engine(tiny_model_dir, engine_cls=SharedPrefixFSDPEngine, lr=1e-3)
 
 
-def _batch(prompts: list[list[int]], replies: list[list[int]], **meta):
-    """A verl no-padding batch, as the trainer builds it (left-padded prompts, right-padded replies)."""
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    n, max_p, max_r = len(prompts), max(map(len, prompts)), max(map(len, replies))
-    prompt_ids = torch.zeros(n, max_p, dtype=torch.long)
-    response_ids = torch.zeros(n, max_r, dtype=torch.long)
-    attention = torch.zeros(n, max_p + max_r, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, replies, strict=True)):
-        prompt_ids[i, max_p - len(p) :] = torch.tensor(p)
-        response_ids[i, : len(r)] = torch.tensor(r)
-        attention[i, max_p - len(p) : max_p + len(r)] = 1
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    td = tu.get_tensordict(
-        {
-            "prompts": prompt_ids,
-            "responses": response_ids,
-            "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
-            "attention_mask": attention,
-            "response_mask": attention[:, max_p:],
-            "position_ids": position_ids,
-        }
-    )
-    td = left_right_2_no_padding(td)
-    defaults = dict(
-        temperature=1.0,
-        calculate_entropy=True,
-        use_fused_kernels=False,
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=4,
-        max_token_len_per_gpu=10_000,
-        global_batch_size=n,
-    )
-    tu.assign_non_tensor(td, **{**defaults, **meta})
-    td["weights"] = torch.randn(n, max_r, generator=torch.Generator().manual_seed(1))
-    return td
+def _batch(prompts, replies, **meta):
+    batch = no_padding_batch(prompts, replies, **meta)
+    batch["weights"] = torch.randn(len(prompts), batch["responses"].shape[1], generator=torch.Generator().manual_seed(1))
+    return batch
 
 
 def _case(vocab: int):
