@@ -2,7 +2,8 @@
 
 ``python benchmarks/bench_envs.py [--out benchmarks/results/envs.json] [--envs plan_path sudoku]``
 
-Each measurement is the best of ``--repeats`` runs (the machine may be shared). A step is one reply
+Each measurement is the best of ``--repeats`` runs (the machine may be shared). Reset is
+``env.reset(seed, task)`` from a given task, as a training episode starts. A step is one reply
 of the first role of the env's ``sa`` workflow, taken on a fresh clone of a reset env. Generation
 times ``env.reset(seed)`` over new seeds, which includes each env's own verification (Sokoban: BFS
 solver; Sudoku: uniqueness), so it is the verified-task rate.
@@ -59,6 +60,22 @@ def clone_ms(name: str, k: int, nodes: int, repeats: int) -> float:
     return best_of(repeats, run)
 
 
+def reset_us(name: str, resets: int, repeats: int) -> float:
+    """µs per ``reset(seed, task)`` from a given task: what a training episode does (its task comes
+    from the dataset, not generated)."""
+    env = make(name)
+    env.reset(0)
+    task = env.task
+
+    def run() -> float:
+        start = time.perf_counter()
+        for seed in range(resets):
+            env.reset(seed, task)
+        return (time.perf_counter() - start) / resets * 1e6
+
+    return best_of(repeats, run)
+
+
 def tasks_per_s(name: str, seconds: float, repeats: int) -> float:
     env = make(name)
     env.reset(0)  # warm caches (e.g. Sudoku's grid table) outside the timing
@@ -85,15 +102,16 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     results = {}
-    print(f"{'env':<12}{'step µs':>10}{f'clone K={args.k} ms':>16}{'tasks/s':>12}")
+    print(f"{'env':<12}{'step µs':>10}{f'clone K={args.k} ms':>16}{'reset µs':>10}{'tasks/s':>12}")
     for name in args.envs:
         results[name] = {
             "step_us": step_us(name, SAMPLE_REPLIES[name], args.steps, args.repeats),
             f"clone_k{args.k}_ms": clone_ms(name, args.k, 2_000, args.repeats),
+            "reset_from_task_us": reset_us(name, 2_000, args.repeats),
             "generated_tasks_per_s": tasks_per_s(name, args.seconds, args.repeats),
         }
         row = results[name]
-        print(f"{name:<12}{row['step_us']:>10.2f}{row[f'clone_k{args.k}_ms']:>16.4f}{row['generated_tasks_per_s']:>12.0f}")
+        print(f"{name:<12}{row['step_us']:>10.2f}{row[f'clone_k{args.k}_ms']:>16.4f}{row['reset_from_task_us']:>10.2f}{row['generated_tasks_per_s']:>12.0f}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "envs": results}, f, indent=2)

@@ -19,6 +19,7 @@ Config: ``size`` (10), ``wall_density`` (0.22), ``min_optimal_len`` (size // 2),
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import deque
 from typing import Any
@@ -69,6 +70,13 @@ def generate_task(seed: int, size: int = 10, wall_density: float = 0.22, min_opt
             return {"grid": grid, "start": list(start), "goal": list(goal), "optimal_len": optimal_len}
 
 
+@functools.lru_cache(maxsize=4096)
+def _tables(grid: tuple[str, ...], goal: tuple[int, int]) -> tuple[tuple[int, ...], dict[str, tuple[int, ...]]]:
+    """A task's read-only tables (distances to the goal, moves), built once per task and process:
+    the K episodes of a problem, its tree's clones and later epochs reset from the same task."""
+    return tuple(bfs_distances(list(grid), goal)), _neighbour_table(list(grid))
+
+
 def _neighbour_table(grid: list[str]) -> dict[str, tuple[int, ...]]:
     """move -> (cell index -> index after the move, or -1 when the move is invalid)."""
     height, width = len(grid), len(grid[0])
@@ -107,8 +115,7 @@ class PlanPathEnv(ToolPlanEnv):
         self._task = task
         self._width = width
         self._goal = task["goal"][0] * width + task["goal"][1]
-        self._dist = tuple(bfs_distances(grid, tuple(task["goal"])))
-        self._next = _neighbour_table(grid)
+        self._dist, self._next = _tables(tuple(grid), tuple(task["goal"]))
         self._optimal_len = self._dist[task["start"][0] * width + task["start"][1]]
         if self._optimal_len < 1:
             raise ValueError("plan_path task: goal unreachable from start (or equal to it)")

@@ -20,7 +20,7 @@ from pettingllms_verl import envs
 from pettingllms_verl.config import PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
-from pettingllms_verl.rollout.episode import Episode, PromptTooLong, Sample, run_episode
+from pettingllms_verl.rollout.episode import Episode, PromptTooLong, Sample, episode_return, run_episode
 
 logger = logging.getLogger(__name__)
 VALIDATE_KWARG = "pettingllms_validate"  # injected by MASAgentLoopWorker: verl passes no such flag to run()
@@ -133,8 +133,8 @@ class EpisodeAgentLoop(AgentLoopBase):
         ]
         if self.config.algorithm.adv_estimator != AT_GRPO:
             # Trajectory-level estimators (verl's GRPO) read the last output of a session: give it
-            # the episode's return, the sum of the mixed rewards along the chosen path.
-            outputs[-1].reward_score = sum(s.reward for s in samples if s.chosen)
+            # the episode's return (final team reward once + mean role reward; see episode_return).
+            outputs[-1].reward_score = episode_return(samples, episode.final_global_reward, self.settings.alpha)
         return outputs
 
     @staticmethod

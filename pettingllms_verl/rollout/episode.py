@@ -76,6 +76,19 @@ class Episode:
     env_s: float = 0.0  # wall time spent rendering prompts, stepping and cloning envs
 
 
+def episode_return(samples: Sequence[Sample], final_global_reward: float, alpha: float) -> float:
+    """The return of one episode for trajectory-level estimators (verl's GRPO: the SA baseline).
+
+    ``alpha * final team reward + mean role reward over the chosen replies``. The team reward is a
+    level of the state (progress, success), so it is counted once, at the end; role rewards are
+    averaged, not summed, so replies that stall add nothing. A faster solution never scores below
+    a slower one (``tests/test_episode_return.py`` plays both in every environment). Placeholder
+    rows (no reply) do not count.
+    """
+    played = [s.local_reward for s in samples if s.chosen and not s.placeholder]
+    return alpha * final_global_reward + (sum(played) / len(played) if played else 0.0)
+
+
 def best_branch(rewards: Sequence[float]) -> int:
     """Greedy choice of AT-GRPO: argmax, ties to the lowest index (deterministic)."""
     return max(range(len(rewards)), key=lambda i: (rewards[i], -i))

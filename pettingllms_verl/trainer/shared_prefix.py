@@ -261,9 +261,8 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         return output
 
     def prepare_model_inputs(self, micro_batch: TensorDict):
-        model_inputs, output_args = super().prepare_model_inputs(micro_batch)
         if not getattr(self, "_shared_now", False):
-            return model_inputs, output_args
+            return super().prepare_model_inputs(micro_batch)
         input_ids = micro_batch["input_ids"]
         prompt_lens = prompt_lengths(micro_batch)
         groups = identical_prompt_groups(input_ids, prompt_lens)
@@ -271,28 +270,29 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         if len(groups) == len(prompt_lens):  # no two rows share a prompt: verl's own inputs
             self._token_counts[0] += plain
             self._token_counts[1] += plain
-            return model_inputs, output_args
+            return super().prepare_model_inputs(micro_batch)
+        # verl's outputs in its packed layout (1, total_nnz), whatever use_remove_padding says: the
+        # padded layout would materialise (bsz, max_seq_len, vocab) gathered logits and take the
+        # entropy over its padding too
+        packed_view = micro_batch.copy()
+        tu.assign_non_tensor(packed_view, use_remove_padding=True)
+        _, output_args = super().prepare_model_inputs(packed_view)
         pad_token_id = tu.get_non_tensor_data(data=micro_batch, key="pad_token_id", default=0)
         packed = pack(input_ids, micro_batch["position_ids"], prompt_lens, groups, pad_token_id)
         self._token_counts[0] += plain
         self._token_counts[1] += packed.tokens
-        if output_args.get("input_ids_rmpad_rolled") is not None and "temperature_rmpad" in output_args:
-            layout = packed.index.unsqueeze(0)  # (1, total_nnz): verl's packed rows
-        else:  # (bsz, max_seq_len): verl's padded rows; the padding points anywhere
-            layout = torch.nested.nested_tensor_from_jagged(packed.index, input_ids.offsets())
-            layout = torch.nested.to_padded_tensor(layout, padding=0)
-        attention = self.module.config._attn_implementation
         mask = packed.allowed
-        if attention == "eager":  # eager attention adds the mask to the scores
+        if self.module.config._attn_implementation == "eager":  # eager attention adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
         model_inputs = {"input_ids": packed.input_ids, "attention_mask": mask, "position_ids": packed.position_ids}
-        output_args["shared_prefix_layout"] = layout
+        output_args["shared_prefix"] = (packed.index.unsqueeze(0), packed_view)
         return model_inputs, output_args
 
     def prepare_model_outputs(self, output, output_args, micro_batch: TensorDict, logits_processor_func):
-        layout = output_args.pop("shared_prefix_layout", None)
-        if layout is not None:
-            # each row's logits from its group's sequence: verl's layout, the prompt's computed once
+        shared = output_args.pop("shared_prefix", None)
+        if shared is not None:
+            # each row's logits from its group's sequence, in verl's packed layout: the prompt's computed once
+            layout, micro_batch = shared
             output.logits = output.logits.flatten(0, 1)[layout]
         return super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
 
