@@ -23,6 +23,14 @@ def local_engine(model_path: str, engine_cls: type | None = None, attn_implement
     from pettingllms_verl.registration import register
 
     register()  # the CPU platform, before verl resolves its device
+    from verl.plugin.platform import get_platform, set_platform
+
+    if not get_platform().is_available():
+        # verl resolved its platform in this process before the plugin registered (it then falls
+        # back to 'nvidia'); without an accelerator the CPU platform is the one that runs
+        from pettingllms_verl.backends.cpu.platform import PlatformCPU
+
+        set_platform(PlatformCPU())
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine import EngineRegistry
