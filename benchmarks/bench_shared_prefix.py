@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     parser.add_argument("--groups", type=int, default=2, help="groups (distinct prompts) per batch")
     parser.add_argument("--repeats", type=int, default=2, help="best of this many runs per measurement")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--out", default="benchmarks/results/shared_prefix.json")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "shared_prefix.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from pettingllms_verl.registration import register

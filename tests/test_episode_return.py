@@ -113,3 +113,15 @@ def test_the_return_counts_the_final_team_reward_once():
     episode, value = play(name, options, task, fast, alpha=2.0)
     (sample,) = [s for s in episode.samples if s.chosen]
     assert value == pytest.approx(2.0 * episode.final_global_reward + sample.local_reward)
+
+
+def test_the_return_averages_the_chosen_replies_and_skips_the_rest():
+    from pettingllms_verl.rollout.episode import Sample
+
+    def sample(local, chosen, placeholder=False):
+        return Sample([1], [2], [0.0], 0, "plan", "", 0, local, 0.3, 0.0, True, chosen=chosen, placeholder=placeholder)
+
+    samples = [sample(0.4, True), sample(9.0, False), sample(-0.2, True), sample(5.0, True, placeholder=True), sample(0.7, True)]
+    # chosen, played replies: 0.4, -0.2, 0.7 -> mean 0.3; final team reward 0.5 counted once
+    assert episode_return(samples, final_global_reward=0.5, alpha=2.0) == pytest.approx(2.0 * 0.5 + 0.3)
+    assert episode_return([], final_global_reward=0.5, alpha=2.0) == pytest.approx(1.0)

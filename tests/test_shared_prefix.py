@@ -24,21 +24,19 @@ from pettingllms_verl.trainer.shared_prefix import (  # noqa: E402
 # ------------------------------------------------------------------ pure functions
 
 
-def test_partition_keeps_groups_whole_under_a_row_budget():
-    groups = [[0, 1, 2, 3], [4], [5, 6], [7, 8, 9, 10, 11]]
-    lens = [10] * 12
-    parts = partition(groups, [8] * 12, lens, max_rows=4)
-    assert parts == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9, 10, 11]]
-
-
-def test_partition_counts_a_shared_prompt_once_and_cuts_a_group_over_the_token_budget():
+def test_partition_keeps_groups_whole_and_counts_a_shared_prompt_once():
     prompt = [100] * 6
-    seq = [110, 110, 110, 110, 105, 105]  # group of 4 replies of 10 tokens, then a pair of 5
-    # group 0 costs 100 + 40 = 140 tokens (not 440); group 1 costs 110
-    assert partition([[0, 1, 2, 3], [4, 5]], prompt, seq, max_tokens=260) == [[0, 1, 2, 3, 4, 5]]
-    assert partition([[0, 1, 2, 3], [4, 5]], prompt, seq, max_tokens=200) == [[0, 1, 2, 3], [4, 5]]
-    # over the budget alone: cut into parts that each fit (each still shares its prompt)
+    seq = [110, 110, 110, 110, 105, 105]  # a group of 4 replies of 10 tokens, then a pair of 5
+    # group 0 runs as 140 tokens (not 440), group 1 as 110
+    assert partition([[0, 1, 2, 3], [4, 5]], prompt, seq, max_tokens=250) == [[0, 1, 2, 3, 4, 5]]
+    assert partition([[0, 1, 2, 3], [4, 5]], prompt, seq, max_tokens=249) == [[0, 1, 2, 3], [4, 5]]
+
+
+def test_partition_cuts_a_group_over_the_budget_into_parts_that_fit():
+    prompt, seq = [100] * 4, [110] * 4
     assert partition([[0, 1, 2, 3]], prompt, seq, max_tokens=125) == [[0, 1], [2, 3]]
+    # one row over the budget stands alone (verl's own micro-batching does the same)
+    assert partition([[0, 1, 2, 3]], prompt, seq, max_tokens=50) == [[0], [1], [2], [3]]
 
 
 def test_split_to_reaches_the_data_parallel_count():
@@ -69,16 +67,29 @@ def test_pack_lets_each_reply_see_the_prompt_and_itself_only():
         [1, 1, 0, 0, 1],  # the second reply: the prompt and itself, not the first reply
     ]
     assert packed.index.tolist() == [0, 1, 2, 3, 0, 1, 4]
-    assert packed.tokens == 5
+    assert packed.tokens == 5  # 4 + 3 tokens of verl's rows
+
+
+def test_pack_puts_groups_back_to_back_and_no_group_sees_another():
+    rows = torch.nested.as_nested_tensor([torch.tensor([5, 6, 1]), torch.tensor([7, 2]), torch.tensor([7, 3, 3])], layout=torch.jagged)
+    positions = torch.nested.as_nested_tensor([torch.arange(3), torch.arange(2), torch.arange(3)], layout=torch.jagged)
+    packed = pack(rows, positions, torch.tensor([2, 1, 1]), [[0], [1, 2]])
+    assert packed.input_ids.tolist() == [[5, 6, 1, 7, 2, 3, 3]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1, 1, 2]]
+    assert packed.allowed[0, 0, 3].tolist() == [False, False, False, True, False, False, False]  # group 2's prompt
+    assert packed.allowed[0, 0, 6].tolist() == [False, False, False, True, False, True, True]  # its reply 2
+    assert packed.index.tolist() == [0, 1, 2, 3, 4, 3, 5, 6]
+    assert packed.tokens == 7
 
 
 # ------------------------------------------------------------------ verl's engine, plain vs shared
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    """verl's FSDP2 engine (EngineRegistry, initialize()) on the tiny model, fp32, one gloo rank."""
-    return local_engine(tiny_model_dir, engine_cls=SharedPrefixFSDPEngine, lr=1e-3)
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def engine(request, tiny_model_dir):
+    """verl's FSDP2 engine (EngineRegistry, initialize()) on the tiny model, fp32, one gloo rank,
+    with each attention implementation the shared forward supports (a bool mask / an additive one)."""
+    return local_engine(tiny_model_dir, engine_cls=SharedPrefixFSDPEngine, attn_implementation=request.param, lr=1e-3)
 
 
 def _batch(prompts, replies, **meta):
@@ -177,3 +188,31 @@ def test_an_attention_without_masks_runs_plainly_and_says_why(engine, caplog):
         assert "use_prefix_grouper=True: running verl's plain forward, because of attn_implementation" in caplog.text
     finally:
         config._attn_implementation = before
+
+
+def test_lora_adapters_share_the_base_forward_with_the_same_numbers(tiny_model_dir):
+    """L1: ``MultiLoRAFSDPEngine`` (the shared-prefix engine's subclass) with two adapters, one
+    active and non-zero: log-probs and the active adapter's gradients equal the plain forward's,
+    the inactive adapter gets none."""
+    from pettingllms_verl.config import AdapterConfig
+    from pettingllms_verl.trainer.multi_lora import MultiLoRAFSDPEngine
+
+    spec = {**AdapterConfig(rank=4, alpha=8).lora_config(), "path": None, "trainable": True}
+    engine = local_engine(tiny_model_dir, engine_cls=MultiLoRAFSDPEngine, lr=1e-3, adapters={"coder": spec, "tester": dict(spec)})
+    engine.set_active_adapter("tester")
+    with torch.no_grad():  # lora_B starts at zero: give the active adapter an effect to get wrong
+        for name, param in engine.module.named_parameters():
+            if "lora_B.tester" in name:
+                local = param.to_local()  # FSDP2's shard: the whole tensor on one rank
+                local.copy_(torch.randn(local.shape, generator=torch.Generator().manual_seed(3)) * 0.05)
+    prompts, replies = _case(engine.module.config.vocab_size)
+    plain_out, _, _ = _run(engine, _batch(prompts, replies), share=False)
+    shared_out, _, _ = _run(engine, _batch(prompts, replies), share=True)
+    a, b = (torch.cat([t[:-1] for t in out["model_output"]["log_probs"].unbind()]) for out in (plain_out, shared_out))
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+    _, plain_grads, _ = _run(engine, _batch(prompts, replies), share=False, loss=_weighted_loss)
+    _, shared_grads, _ = _run(engine, _batch(prompts, replies), share=True, loss=_weighted_loss)
+    assert plain_grads.keys() == shared_grads.keys()
+    assert plain_grads and all("lora_" in n and ".tester." in n for n in plain_grads)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=0, msg=lambda m: f"{name}: {m}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
 import time
 
@@ -46,19 +47,21 @@ def convert(out_dir: str) -> str:
     its chat template); returns ``out_dir``. Does nothing when ``out_dir`` already holds it."""
     if os.path.isfile(os.path.join(out_dir, "config.json")) and os.path.isfile(os.path.join(out_dir, "tokenizer_config.json")):
         return out_dir
+    source = gguf_path()
     if importlib.util.find_spec("gguf") is None:
         raise SystemExit(f"transformers needs the 'gguf' package to read {GGUF_NAME}; install it with: {INSTALL}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = gguf_path()
     folder, name = os.path.dirname(source), os.path.basename(source)
     start = time.monotonic()
     print(f"de-quantising {source} ...", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
     tmp = out_dir + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted conversion left
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)  # an incomplete folder (no config or tokenizer)
     os.replace(tmp, out_dir)  # a half-written folder never carries the final name
     params = sum(p.numel() for p in model.parameters())
     print(f"wrote {out_dir} ({params / 1e6:.1f} M parameters, {time.monotonic() - start:.0f} s)", flush=True)

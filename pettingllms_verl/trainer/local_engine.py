@@ -15,9 +15,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def local_engine(model_path: str, engine_cls: type | None = None, attn_implementation: str = "sdpa", lr: float = 1e-5):
+def local_engine(model_path: str, engine_cls: type | None = None, attn_implementation: str = "sdpa", lr: float = 1e-5, adapters: dict | None = None):
     """verl's engine (``EngineRegistry.new`` + ``initialize()``) on ``model_path``, fp32, as class
-    ``engine_cls`` (swapped in before the model is built, as our training workers do)."""
+    ``engine_cls`` (swapped in before the model is built, as our training workers do); ``adapters``:
+    the LoRA adapter table of ``MultiLoRAFSDPEngine`` (``config.adapter_table``'s format)."""
     import torch.distributed as dist
 
     from pettingllms_verl.registration import register
@@ -35,6 +36,8 @@ def local_engine(model_path: str, engine_cls: type | None = None, attn_implement
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine import EngineRegistry
 
+    from pettingllms_verl.config import ADAPTERS_KEY
+
     if not dist.is_initialized():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)
@@ -42,7 +45,11 @@ def local_engine(model_path: str, engine_cls: type | None = None, attn_implement
     engine = EngineRegistry.new(
         model_type="language_model",
         backend="fsdp2",
-        model_config=HFModelConfig(path=model_path, override_config={"attn_implementation": attn_implementation}),
+        model_config=HFModelConfig(
+            path=model_path,
+            override_config={"attn_implementation": attn_implementation},
+            **({"lora_rank": max(spec["r"] for spec in adapters.values()), "lora": {ADAPTERS_KEY: adapters}} if adapters else {}),
+        ),
         engine_config=FSDPEngineConfig(strategy="fsdp2", mixed_precision=fp32),
         optimizer_config=FSDPOptimizerConfig(lr=lr),
         checkpoint_config=CheckpointConfig(),

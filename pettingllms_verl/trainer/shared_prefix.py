@@ -3,20 +3,24 @@
 An AT-GRPO group is K replies to one identical prompt, and in multi-turn episodes the prompt is
 most of each row. verl's engine feeds every row whole; here the rows of a micro-batch whose prompts
 are token-for-token identical become one sequence ``[prompt, reply_1, ..., reply_K]`` whose
-attention mask lets each reply see the prompt and itself only, with each reply's own position ids.
-The logits are then gathered back into verl's per-row layout, so everything after the forward
+attention mask lets each reply see the prompt and itself only, with each reply's own position ids
+(the groups of a micro-batch back to back in one row, none seeing another). The logits are then
+gathered back into verl's packed per-row layout, so everything after the forward
 (temperature, log-probs, entropy, the loss, the gradient flowing into the one prompt pass) is
 verl's own code on the same numbers. Groups are found by comparing tokens, never from tags: rows
 with different prompts are never merged, a singleton is just a row.
 
 verl's micro-batching balances rows by length and would split a group, so while sharing is on the
-engine partitions each mini-batch into micro-batches of whole groups (counting each prompt once
-against ``max_token_len_per_gpu``, or whole groups up to ``micro_batch_size_per_gpu`` rows).
+engine partitions each mini-batch itself, at group boundaries, within ``max_token_len_per_gpu``
+tokens (dynamic batching) or the tokens ``micro_batch_size_per_gpu`` of the longest rows would take
+(each prompt counted once; a group over the budget is cut into parts that each share their prompt).
 
 Switched by verl's ``actor_rollout_ref.actor.use_prefix_grouper`` (verl's own key for this; its V1
 engine ignores it). Where the shared forward cannot run (Ulysses SP, fused kernels, static
-padding, multi-modal rows, an attention implementation other than sdpa/eager), the engine logs
-why once and runs verl's plain path.
+padding, multi-modal rows, sliding-window attention, an attention implementation other than
+sdpa/eager), the engine logs why once and runs verl's plain path, on every data-parallel rank.
+The attention mask is dense (tokens x tokens per micro-batch): fine on CPU and for short
+micro-batches; on GPUs the flash-attention recipes keep the plain path.
 
 - pure functions: ``prompt_lengths``, ``identical_prompt_groups``, ``partition``, ``pack``;
 - ``SharedPrefixFSDPEngine``: verl's ``FSDPEngineWithLMHead`` using them;
@@ -58,59 +62,43 @@ def identical_prompt_groups(input_ids: torch.Tensor, prompt_lens: torch.Tensor) 
 
     input_ids: nested (bsz, j) rows of prompt + reply; prompt_lens: (bsz,).
     """
+    values = input_ids.values().cpu().numpy()  # one copy off the device, sliced per row
+    starts = input_ids.offsets().tolist()
     groups: dict[bytes, list[int]] = {}
-    for row, (ids, length) in enumerate(zip(input_ids.unbind(), prompt_lens.tolist(), strict=True)):
-        key = ids[:length].cpu().numpy().tobytes()
-        groups.setdefault(key, []).append(row)
+    for row, length in enumerate(prompt_lens.tolist()):
+        groups.setdefault(values[starts[row] : starts[row] + length].tobytes(), []).append(row)
     return list(groups.values())
 
 
-def partition(
-    groups: list[list[int]],
-    prompt_lens: list[int],
-    seq_lens: list[int],
-    *,
-    max_rows: int | None = None,
-    max_tokens: int | None = None,
-) -> list[list[int]]:
-    """Micro-batches (row-index lists) of whole groups, filled in order.
-
-    A micro-batch takes whole groups while it stays within ``max_rows`` rows or ``max_tokens``
-    tokens, a shared prompt counted once. A group bigger than the budget on its own is one
-    micro-batch under a row budget (its tokens are fewer than the rows' anyway) and is cut into
-    parts under a token budget (each part still shares its prompt).
+def partition(groups: list[list[int]], prompt_lens: list[int], seq_lens: list[int], max_tokens: int) -> list[list[int]]:
+    """Micro-batches (row-index lists) of whole groups, in order, each within ``max_tokens`` tokens
+    as the shared forward runs them (each group's prompt once). A group over the budget on its own
+    is cut into parts that fit (each part still shares its prompt); a single row over the budget
+    stands alone, as in verl.
     """
-    if (max_rows is None) == (max_tokens is None):
-        raise ValueError("partition needs exactly one of max_rows, max_tokens")
 
-    def cost(rows: list[int]) -> int:
-        if max_rows is not None:
-            return len(rows)
+    def length(rows: list[int]) -> int:
         return prompt_lens[rows[0]] + sum(seq_lens[r] - prompt_lens[r] for r in rows)
 
-    budget = max_rows if max_rows is not None else max_tokens
     pieces: list[list[int]] = []
     for group in groups:
-        if max_tokens is not None and cost(group) > budget:
-            part: list[int] = []
-            for row in group:
-                if part and cost(part + [row]) > budget:
-                    pieces.append(part)
-                    part = []
-                part.append(row)
-            pieces.append(part)
-        else:
-            pieces.append(group)
+        part: list[int] = []
+        for row in group:
+            if part and length(part + [row]) > max_tokens:
+                pieces.append(part)
+                part = []
+            part.append(row)
+        pieces.append(part)
     parts: list[list[int]] = []
     used = 0
     for piece in pieces:
-        # pieces of one group stay separate parts: merging them back is the cut undone
-        if parts and used + cost(piece) <= budget:
+        # two pieces of one cut group never fit together: each is over half the budget or alone
+        if parts and used + length(piece) <= max_tokens:
             parts[-1] += piece
-            used += cost(piece)
+            used += length(piece)
         else:
             parts.append(list(piece))
-            used = cost(piece)
+            used = length(piece)
     return parts
 
 
@@ -129,68 +117,63 @@ def split_to(parts: list[list[int]], count: int) -> list[list[int]]:
 
 @dataclass
 class Packed:
-    """A micro-batch with each group's prompt once: one sequence per group, right-padded.
+    """A micro-batch with each group's prompt once: the groups' sequences back to back in one row
+    (no padding), each ``[prompt, reply_1, ..., reply_K]``.
 
-    input_ids, position_ids: (groups, length); allowed: (groups, 1, length, length) bool, True where a
-    query token may attend to a key token; index: (total_nnz,) for each token of verl's packed rows
-    (row order, prompt + reply), its position in the flattened (groups * length) sequence.
+    input_ids, position_ids: (1, tokens); allowed: (1, 1, tokens, tokens) bool, True where a query
+    token may attend to a key token; index: (total_nnz,) for each token of verl's packed rows (row
+    order, prompt + reply), its position in the shared row.
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     allowed: torch.Tensor
     index: torch.Tensor
-    tokens: int  # tokens of the shared sequences, without their right padding
+
+    @property
+    def tokens(self) -> int:
+        """Positions the forward runs."""
+        return self.input_ids.shape[1]
 
 
-def pack(input_ids: torch.Tensor, position_ids: torch.Tensor, prompt_lens: torch.Tensor, groups: list[list[int]], pad_token_id: int = 0) -> Packed:
-    """Build the shared sequences of ``groups`` (row indices into the nested ``input_ids`` /
+def pack(input_ids: torch.Tensor, position_ids: torch.Tensor, prompt_lens: torch.Tensor, groups: list[list[int]]) -> Packed:
+    """Build the shared row of ``groups`` (row indices into the nested ``input_ids`` /
     ``position_ids`` of one micro-batch; every row in exactly one group).
 
-    Segment 0 of a group is the prompt, segment j >= 1 its j-th reply; a query token may attend to a
-    key token of its own group that is not after it and is in the prompt or in its own segment.
+    Segment 0 of a group is its prompt, segment j >= 1 its j-th reply; a query token may attend to
+    a key token of its own group that is not after it and is in the prompt or in its own segment.
     """
     rows = input_ids.unbind()
     positions = position_ids.unbind()
     lens = [int(p) for p in prompt_lens.tolist()]
-    seq_ids, seq_pos, seq_seg = [], [], []
-    starts: dict[int, tuple[int, int, int]] = {}  # row -> (group, its prompt length, offset of its reply)
+    ids, pos, seg, grp = [], [], [], []
+    index: list[torch.Tensor | None] = [None] * len(rows)
+    offset = 0
     for g, group in enumerate(groups):
         p = lens[group[0]]
-        ids, pos, seg = [rows[group[0]][:p]], [positions[group[0]][:p]], [torch.zeros(p, dtype=torch.long)]
-        offset = p
+        ids.append(rows[group[0]][:p])
+        pos.append(positions[group[0]][:p])
+        seg.append(torch.zeros(p, dtype=torch.long))
+        prompt_at, offset = torch.arange(offset, offset + p), offset + p
         for j, row in enumerate(group, start=1):
             reply = rows[row][p:]
-            starts[row] = (g, p, offset)
+            index[row] = torch.cat([prompt_at, torch.arange(offset, offset + len(reply))])
             ids.append(reply)
             pos.append(positions[row][p:])
             seg.append(torch.full((len(reply),), j, dtype=torch.long))
             offset += len(reply)
-        seq_ids.append(torch.cat(ids))
-        seq_pos.append(torch.cat(pos))
-        seq_seg.append(torch.cat(seg))
-    length = max(len(s) for s in seq_ids)
-    n_groups = len(groups)
+        grp.append(torch.full((offset - int(prompt_at[0]),), g, dtype=torch.long))
+    segment, group_of = torch.cat(seg), torch.cat(grp)
+    same_group = group_of.unsqueeze(1) == group_of.unsqueeze(0)
+    visible = (segment.unsqueeze(0) == 0) | (segment.unsqueeze(0) == segment.unsqueeze(1))
+    allowed = torch.ones(offset, offset, dtype=torch.bool).tril() & same_group & visible
     device = input_ids.device
-    out_ids = torch.full((n_groups, length), pad_token_id, dtype=seq_ids[0].dtype, device=device)
-    out_pos = torch.zeros((n_groups, length), dtype=seq_pos[0].dtype, device=device)
-    segment = torch.full((n_groups, length), -1, dtype=torch.long)  # -1: right padding
-    for g in range(n_groups):
-        n = len(seq_ids[g])
-        out_ids[g, :n], out_pos[g, :n], segment[g, :n] = seq_ids[g], seq_pos[g], seq_seg[g]
-    q_seg, k_seg = segment.unsqueeze(2), segment.unsqueeze(1)
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    allowed = causal & (k_seg >= 0) & ((k_seg == 0) | (k_seg == q_seg))
-    # a padding query attends to itself only: a fully masked row would put NaN into the backward
-    allowed |= torch.eye(length, dtype=torch.bool) & (q_seg < 0)
-    index = []
-    for row in range(len(rows)):
-        g, p, offset = starts[row]
-        prompt = torch.arange(p) + g * length
-        reply = torch.arange(len(rows[row]) - p) + g * length + offset
-        index.append(torch.cat([prompt, reply]))
-    tokens = int((segment >= 0).sum())
-    return Packed(out_ids, out_pos, allowed.unsqueeze(1).to(device), torch.cat(index).to(device), tokens)
+    return Packed(
+        torch.cat(ids).unsqueeze(0).to(device),
+        torch.cat(pos).unsqueeze(0).to(device),
+        allowed.view(1, 1, offset, offset).to(device),
+        torch.cat(index).to(device),
+    )
 
 
 class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
@@ -215,6 +198,10 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
             return "multi-axis (mrope) position ids"
         if "prompts" not in data.keys():
             return "the batch carries no prompts to find the groups by"
+        config = getattr(self.module, "config", None)
+        sliding = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+        if sliding or "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+            return "sliding-window attention (a custom mask would replace the window)"
         if attention not in MASKED_ATTENTION:
             return f"attn_implementation={attention!r} takes no arbitrary attention mask (use one of {MASKED_ATTENTION})"
         return None
@@ -236,23 +223,30 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         groups = identical_prompt_groups(data["input_ids"], prompt_lens)
         seq_lens = data["input_ids"].offsets().diff().tolist()
         if tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True):
-            budget = {"max_tokens": int(data["max_token_len_per_gpu"])}
-        else:
-            budget = {"max_rows": int(data["micro_batch_size_per_gpu"])}
-        parts = partition(groups, prompt_lens.tolist(), seq_lens, **budget)
+            max_tokens = int(data["max_token_len_per_gpu"])
+        else:  # never more tokens per forward than verl's own micro-batch of this many rows could hold
+            max_tokens = int(data["micro_batch_size_per_gpu"]) * max(seq_lens)
+        parts = partition(groups, prompt_lens.tolist(), seq_lens, max_tokens)
         count = torch.tensor(len(parts), device=transformer_impl.get_device_id())
         torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX, group=self.get_data_parallel_group())
         return split_to(parts, int(count))
 
+    def _all_ranks_share(self, data: TensorDict) -> bool:
+        """Sharing on every data-parallel rank or on none: the two paths run different collectives."""
+        flag = torch.tensor(int(self._sharing(data)), device=transformer_impl.get_device_id())
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=self.get_data_parallel_group())
+        return bool(flag)
+
     def forward_backward_batch(self, data: TensorDict, loss_function, forward_only=False):
-        if not self._sharing(data):
-            self._shared_now = False
+        if not self.share_prefix or not self._all_ranks_share(data):
             return super().forward_backward_batch(data, loss_function, forward_only)
         parts = self._micro_batch_parts(data)
         self._shared_now, self._token_counts = True, [0, 0]
-        with _micro_batches(parts):
-            output = super().forward_backward_batch(data, loss_function, forward_only)
-        self._shared_now = False
+        try:
+            with _micro_batches(parts):
+                output = super().forward_backward_batch(data, loss_function, forward_only)
+        finally:
+            self._shared_now = False
         if not tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True):
             # verl restores the row order only after its own dynamic batching
             output["model_output"] = {k: restore_dynamic_batch(v, parts) for k, v in output["model_output"].items()}
@@ -277,8 +271,7 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         packed_view = micro_batch.copy()
         tu.assign_non_tensor(packed_view, use_remove_padding=True)
         _, output_args = super().prepare_model_inputs(packed_view)
-        pad_token_id = tu.get_non_tensor_data(data=micro_batch, key="pad_token_id", default=0)
-        packed = pack(input_ids, micro_batch["position_ids"], prompt_lens, groups, pad_token_id)
+        packed = pack(input_ids, micro_batch["position_ids"], prompt_lens, groups)
         self._token_counts[0] += plain
         self._token_counts[1] += packed.tokens
         mask = packed.allowed
@@ -293,7 +286,7 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         if shared is not None:
             # each row's logits from its group's sequence, in verl's packed layout: the prompt's computed once
             layout, micro_batch = shared
-            output.logits = output.logits.flatten(0, 1)[layout]
+            output.logits = output.logits[:, layout[0]]
         return super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
 
 
