@@ -112,6 +112,7 @@ class PettingLLMsConfig:
     mini_batches_per_step: Optional[int] = None  # optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)
     artifacts: Optional[str] = None  # where `make` puts models, data and checkpoints (recipes interpolate it)
     batch_dump_dir: Optional[str] = None  # if set, each step's training rows are written there as JSONL
+    episode_log_dir: Optional[str] = None  # if set, every episode (training and validation) is appended there as JSONL: prompts, replies, rewards, tree branches
     replay_poll_interval_s: Optional[float] = None  # how often verl's replay buffer polls for finished episodes (verl: 2 s)
 
     def role(self, name: str) -> RoleConfig:

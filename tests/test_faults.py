@@ -2,6 +2,7 @@
 with a scripted server and a Plan-Path environment that fails on purpose."""
 
 import asyncio
+import json
 import logging
 
 import pytest
@@ -66,11 +67,11 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def play(tokenizer, server, **env_kwargs) -> list:
+def play(tokenizer, server, settings: dict | None = None, **env_kwargs) -> list:
     config = OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": 16}},
         "algorithm": {"adv_estimator": "at_grpo"},
-        "pettingllms": {"k": K, "env_kwargs": {"max_turns": 4, "size": 4, **env_kwargs}},
+        "pettingllms": {"k": K, "env_kwargs": {"max_turns": 4, "size": 4, **env_kwargs}, **(settings or {})},
     })
     source = envs.make("plan_path", size=4)
     source.reset(seed=3)
@@ -141,3 +142,24 @@ def test_faulty_episodes_count_as_failures_per_cause(tokenizer):
         sum(not o.extra_fields["mas_parse_ok"] for outputs in episodes for o in outputs if not o.extra_fields["mas_placeholder"])
         / sum(not o.extra_fields["mas_placeholder"] for outputs in episodes for o in outputs)
     )
+
+
+def test_every_episode_is_logged_with_its_prompts_replies_rewards_and_branches(tokenizer, tmp_path):
+    class Hostile(ScriptedServer):
+        def __init__(self, tokenizer):
+            super().__init__(tokenizer)
+            self.reply = tokenizer.encode("<script>alert(1)</script>")
+
+    outputs = play(tokenizer, Hostile(tokenizer), {"episode_log_dir": str(tmp_path)}, fault="overflow", fault_turn=2)
+    (log,) = tmp_path.glob("episodes-*.jsonl")
+    (record,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (record["env"], record["seed"], record["validate"], record["end_cause"]) == ("faulty_plan_path", 3, False, "prompt_overflow")
+    samples = record["samples"]
+    assert len(samples) == len(outputs) == 2 * ROLES_PER_TURN * K  # every branch of the 2 turns played
+    assert [(s["turn"], s["role"]) for s in samples[:K]] == [(0, "tool")] * K
+    assert sum(s["chosen"] for s in samples) == 2 * ROLES_PER_TURN  # one chosen branch per node
+    reply = tokenizer.decode(Hostile(tokenizer).reply[:16], skip_special_tokens=True)  # response_length = 16
+    assert all(s["reply"] == reply for s in samples)
+    assert "<script>" in samples[0]["reply"]  # stored as it came; a viewer escapes it
+    assert samples[0]["prompt"] == samples[1]["prompt"] and "start" in samples[0]["prompt"].lower()
+    assert {"local_reward", "global_reward", "reward", "parse_ok", "node", "branch", "policy"} <= samples[0].keys()

@@ -9,7 +9,9 @@ with the tokenizer's template, and hands replies back as text.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import traceback
 import uuid
 from typing import Any
@@ -119,6 +121,8 @@ class EpisodeAgentLoop(AgentLoopBase):
             for role, policy in policies.items()
         }
         self._log_fault(episode, name)
+        if self.settings.episode_log_dir:
+            self._write_log(self.settings.episode_log_dir, name, seed, task, validate, policies, episode)
         if not episode.samples:  # ended before its first reply: one untrained row carries the episode's end
             episode.samples.append(self._placeholder(workflow.turn_order[0]))
         if validate:
@@ -136,6 +140,29 @@ class EpisodeAgentLoop(AgentLoopBase):
             # the episode's return (final team reward once + mean role reward; see episode_return).
             outputs[-1].reward_score = episode_return(samples, episode.final_global_reward, self.settings.alpha)
         return outputs
+
+    def _write_log(self, directory: str, env_name: str, seed: int, task: dict, validate: bool, policies: dict, episode: Episode) -> None:
+        """Append the episode as one JSON line to ``<directory>/episodes-<pid>.jsonl`` (one file per
+        process: no two writers share a file). Model text is stored as it came: escape it to show it."""
+        prompts: dict[int, str] = {}  # the K branches of a node share one prompt list: decode it once
+        samples = [
+            {
+                "turn": s.turn, "role": s.role, "policy": policies.get(s.role), "node": s.node, "branch": s.branch,
+                "chosen": s.chosen, "placeholder": s.placeholder, "parse_ok": s.parse_ok,
+                "local_reward": s.local_reward, "global_reward": s.global_reward, "reward": s.reward,
+                "prompt": prompts.setdefault(id(s.prompt_ids), self.tokenizer.decode(s.prompt_ids)),
+                "reply": self.decode(s.response_ids),
+            }
+            for s in episode.samples
+        ]
+        record = {
+            "env": env_name, "seed": seed, "task": task, "validate": validate, "workflow": self.settings.workflow,
+            "success": episode.success, "end_cause": episode.end_cause, "turns": episode.turns,
+            "final_global_reward": episode.final_global_reward, "samples": samples,
+        }
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, f"episodes-{os.getpid()}.jsonl"), "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     @staticmethod
     def _log_fault(episode: Episode, env_name: str) -> None:
