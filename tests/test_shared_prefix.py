@@ -123,13 +123,11 @@ def _weighted_loss(model_output, data, dp_group=None):
 
 
 def _run(engine, data, share: bool, loss=None):
-    from verl.utils import tensordict_utils as tu
-
     engine.share_prefix = share
     engine.optimizer_zero_grad()
     output = engine.forward_backward_batch(data, loss_function=loss, forward_only=loss is None)
     grads = {n: p.grad.detach().clone() for n, p in engine.module.named_parameters() if p.grad is not None}
-    return output, grads, tu
+    return output, grads
 
 
 @pytest.mark.parametrize(
@@ -145,8 +143,8 @@ def test_shared_forward_equals_verl_plain_forward(engine, budget):
     vocab = engine.module.config.vocab_size
     prompts, replies = _case(vocab)
 
-    plain_out, _, _ = _run(engine, _batch(prompts, replies, **budget), share=False)
-    shared_out, _, _ = _run(engine, _batch(prompts, replies, **budget), share=True)
+    plain_out, _ = _run(engine, _batch(prompts, replies, **budget), share=False)
+    shared_out, _ = _run(engine, _batch(prompts, replies, **budget), share=True)
     for key in ("log_probs", "entropy"):
         a, b = plain_out["model_output"][key], shared_out["model_output"][key]
         assert [t.shape for t in a.unbind()] == [t.shape for t in b.unbind()]
@@ -156,8 +154,8 @@ def test_shared_forward_equals_verl_plain_forward(engine, budget):
     frac = shared_out["metrics"]["shared_prefix/token_frac"][0]
     assert frac < 0.75  # the groups' prompts were processed once
 
-    _, plain_grads, _ = _run(engine, _batch(prompts, replies, **budget), share=False, loss=_weighted_loss)
-    _, shared_grads, _ = _run(engine, _batch(prompts, replies, **budget), share=True, loss=_weighted_loss)
+    _, plain_grads = _run(engine, _batch(prompts, replies, **budget), share=False, loss=_weighted_loss)
+    _, shared_grads = _run(engine, _batch(prompts, replies, **budget), share=True, loss=_weighted_loss)
     assert plain_grads.keys() == shared_grads.keys() and plain_grads
     for name, grad in plain_grads.items():
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=0, msg=lambda m: f"{name}: {m}")
@@ -168,8 +166,8 @@ def test_a_batch_of_singletons_is_verl_plain_forward(engine):
     prompts, replies = [[5, 6, 7], [5, 6, 8], [9, 9]], [[4], [4, 4], [3]]
     data = _batch(prompts, replies)
     assert identical_prompt_groups(data["input_ids"], prompt_lengths(data)) == [[0], [1], [2]]
-    plain_out, _, _ = _run(engine, _batch(prompts, replies, micro_batch_size_per_gpu=3), share=False)
-    shared_out, _, _ = _run(engine, _batch(prompts, replies, micro_batch_size_per_gpu=3), share=True)
+    plain_out, _ = _run(engine, _batch(prompts, replies, micro_batch_size_per_gpu=3), share=False)
+    shared_out, _ = _run(engine, _batch(prompts, replies, micro_batch_size_per_gpu=3), share=True)
     assert torch.equal(shared_out["model_output"]["log_probs"].values(), plain_out["model_output"]["log_probs"].values())
     assert shared_out["metrics"]["shared_prefix/token_frac"] == [1.0]
 
@@ -206,12 +204,12 @@ def test_lora_adapters_share_the_base_forward_with_the_same_numbers(tiny_model_d
                 local = param.to_local()  # FSDP2's shard: the whole tensor on one rank
                 local.copy_(torch.randn(local.shape, generator=torch.Generator().manual_seed(3)) * 0.05)
     prompts, replies = _case(engine.module.config.vocab_size)
-    plain_out, _, _ = _run(engine, _batch(prompts, replies), share=False)
-    shared_out, _, _ = _run(engine, _batch(prompts, replies), share=True)
+    plain_out, _ = _run(engine, _batch(prompts, replies), share=False)
+    shared_out, _ = _run(engine, _batch(prompts, replies), share=True)
     a, b = (torch.cat([t[:-1] for t in out["model_output"]["log_probs"].unbind()]) for out in (plain_out, shared_out))
     torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
-    _, plain_grads, _ = _run(engine, _batch(prompts, replies), share=False, loss=_weighted_loss)
-    _, shared_grads, _ = _run(engine, _batch(prompts, replies), share=True, loss=_weighted_loss)
+    _, plain_grads = _run(engine, _batch(prompts, replies), share=False, loss=_weighted_loss)
+    _, shared_grads = _run(engine, _batch(prompts, replies), share=True, loss=_weighted_loss)
     assert plain_grads.keys() == shared_grads.keys()
     assert plain_grads and all("lora_" in n and ".tester." in n for n in plain_grads)
     for name, grad in plain_grads.items():

@@ -184,11 +184,11 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
 
     def _why_plain(self, data: TensorDict) -> str | None:
         """Why this batch cannot take the shared forward (None: it can)."""
-        get = lambda key, default: tu.get_non_tensor_data(data=data, key=key, default=default)  # noqa: E731
-        attention = getattr(getattr(self.module, "config", None), "_attn_implementation", None)
+        config = getattr(self.module, "config", None)
+        attention = getattr(config, "_attn_implementation", None)
         if self.use_ulysses_sp:
             return "Ulysses sequence parallelism splits the packed sequence"
-        if get("use_fused_kernels", False):
+        if tu.get_non_tensor_data(data=data, key="use_fused_kernels", default=False):
             return "fused kernels do not return the logits the shared forward gathers"
         if self.pad_to_length:
             return "engine.pad_to_length pads the packed sequence to static lengths"
@@ -198,7 +198,6 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
             return "multi-axis (mrope) position ids"
         if "prompts" not in data.keys():
             return "the batch carries no prompts to find the groups by"
-        config = getattr(self.module, "config", None)
         sliding = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
         if sliding or "sliding_attention" in (getattr(config, "layer_types", None) or ()):
             return "sliding-window attention (a custom mask would replace the window)"
@@ -278,15 +277,15 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         if self.module.config._attn_implementation == "eager":  # eager attention adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
         model_inputs = {"input_ids": packed.input_ids, "attention_mask": mask, "position_ids": packed.position_ids}
-        output_args["shared_prefix"] = (packed.index.unsqueeze(0), packed_view)
+        output_args["shared_prefix"] = (packed.index, packed_view)
         return model_inputs, output_args
 
     def prepare_model_outputs(self, output, output_args, micro_batch: TensorDict, logits_processor_func):
         shared = output_args.pop("shared_prefix", None)
         if shared is not None:
             # each row's logits from its group's sequence, in verl's packed layout: the prompt's computed once
-            layout, micro_batch = shared
-            output.logits = output.logits[:, layout[0]]
+            index, micro_batch = shared
+            output.logits = output.logits[:, index]
         return super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
 
 
