@@ -57,18 +57,18 @@ $(ARTIFACTS)/smollm2_135m/config.json: | $(VENV)/.installed
 real-model: $(ARTIFACTS)/smollm2_135m/config.json
 
 # Plan-Path on CPU: the warm-started tiny model and 6x6 grids.
-$(ARTIFACTS)/data/plan_path_6x6/train.parquet: | $(VENV)/.installed
-	$(PY) data_prep/plan_path.py --size 6 --train 256 --test 32 --out-dir $(ARTIFACTS)/data/plan_path_6x6
+$(ARTIFACTS)/data/plan_path_6x6/val.parquet: | $(VENV)/.installed
+	$(PY) data_prep/plan_path.py --size 6 --train 256 --val 16 --test 32 --out-dir $(ARTIFACTS)/data/plan_path_6x6
 
 model-plan-path: $(ARTIFACTS)/tiny_model_plan_path/config.json
-data-plan-path: $(ARTIFACTS)/data/plan_path_6x6/train.parquet
+data-plan-path: $(ARTIFACTS)/data/plan_path_6x6/val.parquet
 
 # Math and code on CPU: the shipped problem sets (make data-math, data-code).
-$(ARTIFACTS)/data/%_fixture/train.parquet: | $(VENV)/.installed
+$(ARTIFACTS)/data/%_fixture/val.parquet: | $(VENV)/.installed
 	$(PY) data_prep/$*_problems.py --train-source fixture --test-source fixture --out-dir $(ARTIFACTS)/data/$*_fixture
 
-data-math: $(ARTIFACTS)/data/math_fixture/train.parquet
-data-code: $(ARTIFACTS)/data/code_fixture/train.parquet
+data-math: $(ARTIFACTS)/data/math_fixture/val.parquet
+data-code: $(ARTIFACTS)/data/code_fixture/val.parquet
 
 # CPU runs of a multi-agent recipe: MAS AT-GRPO with a K=4 tree by default; RECIPE=<env>_sa_grpo_cpu
 # for the single-agent GRPO baseline.

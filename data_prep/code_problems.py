@@ -1,4 +1,4 @@
-"""Write code train/test parquet: ``python data_prep/code_problems.py --out-dir DIR``.
+"""Write code train/val/test parquet: ``python data_prep/code_problems.py --out-dir DIR``.
 
 Sources (``--train-source``, ``--test-source``; the latter may repeat):
 - a preset, downloaded from the Hugging Face hub (online only): ``apps-train``, ``apps-test``

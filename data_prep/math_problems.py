@@ -1,4 +1,4 @@
-"""Write math train/test parquet: ``python data_prep/math_problems.py --out-dir DIR``.
+"""Write math train/val/test parquet: ``python data_prep/math_problems.py --out-dir DIR``.
 
 Sources (``--train-source``, ``--test-source``; the latter may repeat):
 - a preset: ``deepscaler`` (train), ``aime2024``, ``aime2025``, ``olympiadbench`` (open-ended,

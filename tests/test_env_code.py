@@ -181,7 +181,7 @@ def converters():
 def test_fixture_splits_are_disjoint_and_rebuild_episodes(tmp_path):
     data_prep("--train-source", "fixture", "--test-source", "fixture", "--out-dir", str(tmp_path))
     problems = {}
-    for split in ("train", "test"):
+    for split in ("train", "val", "test"):
         rows = pd.read_parquet(tmp_path / f"{split}.parquet")
         problems[split] = set()
         for extra_info in rows["extra_info"]:
@@ -191,7 +191,8 @@ def test_fixture_splits_are_disjoint_and_rebuild_episodes(tmp_path):
             assert env.task == task
             problems[split].add(task["problem"])
     assert problems["train"] and problems["test"] and not problems["train"] & problems["test"]
-    assert len(problems["train"]) + len(problems["test"]) == len(code_env.fixture_tasks())
+    assert problems["val"] and not problems["val"] & (problems["train"] | problems["test"])
+    assert sum(map(len, problems.values())) == len(code_env.fixture_tasks())
 
 
 def test_file_source_caps_train_tests_only_and_drops_test_problems_from_train(tmp_path):

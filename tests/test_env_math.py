@@ -156,7 +156,7 @@ def data_prep(*argv):
 def test_fixture_splits_are_disjoint_and_rebuild_episodes(tmp_path):
     data_prep("--train-source", "fixture", "--test-source", "fixture", "--out-dir", str(tmp_path))
     problems = {}
-    for split in ("train", "test"):
+    for split in ("train", "val", "test"):
         rows = pd.read_parquet(tmp_path / f"{split}.parquet")
         assert len(rows) > 0
         problems[split] = set()
@@ -167,7 +167,8 @@ def test_fixture_splits_are_disjoint_and_rebuild_episodes(tmp_path):
             assert env.task == task
             problems[split].add(task["problem"])
     assert not problems["train"] & problems["test"]
-    assert len(problems["train"]) + len(problems["test"]) == len(math_env.fixture_tasks())
+    assert problems["val"] and not problems["val"] & (problems["train"] | problems["test"])
+    assert sum(map(len, problems.values())) == len(math_env.fixture_tasks())
 
 
 def test_file_source_with_its_own_columns_drops_test_problems_from_train(tmp_path):

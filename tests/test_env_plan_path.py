@@ -206,12 +206,15 @@ def load_script(name):
 
 
 def test_data_prep_writes_disjoint_splits(tmp_path):
-    load_script("plan_path").main(["--out-dir", str(tmp_path), "--train", "60", "--test", "20", "--size", "8"])
-    train, test = (pd.read_parquet(tmp_path / f"{split}.parquet") for split in ("train", "test"))
-    assert len(train) == 60 and len(test) == 20
-    tasks = {split: {row["task_json"] for row in frame["extra_info"]} for split, frame in (("train", train), ("test", test))}
-    assert len(tasks["train"]) == 60 and not tasks["train"] & tasks["test"]
-    assert not {row["seed"] for row in train["extra_info"]} & {row["seed"] for row in test["extra_info"]}
+    load_script("plan_path").main(["--out-dir", str(tmp_path), "--train", "60", "--val", "10", "--test", "20", "--size", "8"])
+    train, val, test = (pd.read_parquet(tmp_path / f"{split}.parquet") for split in ("train", "val", "test"))
+    assert (len(train), len(val), len(test)) == (60, 10, 20)
+    frames = {"train": train, "val": val, "test": test}
+    tasks = {split: {row["task_json"] for row in frame["extra_info"]} for split, frame in frames.items()}
+    seeds = {split: {row["seed"] for row in frame["extra_info"]} for split, frame in frames.items()}
+    assert len(tasks["train"]) == 60
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        assert not tasks[a] & tasks[b] and not seeds[a] & seeds[b]
     task = json.loads(test["extra_info"][0]["task_json"])
     assert len(task["grid"]) == 8
     env = env_at(task)

@@ -188,10 +188,11 @@ def test_data_prep_writes_disjoint_splits(tmp_path):
     spec = importlib.util.spec_from_file_location("data_prep_sokoban", ROOT / "data_prep" / "sokoban.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    script.main(["--out-dir", str(tmp_path), "--train", "60", "--test", "20"])
-    train, test = (pd.read_parquet(tmp_path / f"{split}.parquet") for split in ("train", "test"))
-    assert len(train) == 60 and len(test) == 20
-    rooms = {name: {row["task_json"] for row in frame["extra_info"]} for name, frame in (("train", train), ("test", test))}
+    script.main(["--out-dir", str(tmp_path), "--train", "60", "--val", "10", "--test", "20"])
+    train, val, test = (pd.read_parquet(tmp_path / f"{split}.parquet") for split in ("train", "val", "test"))
+    assert (len(train), len(val), len(test)) == (60, 10, 20)
+    rooms = {name: {row["task_json"] for row in frame["extra_info"]} for name, frame in (("train", train), ("val", val), ("test", test))}
     assert len(rooms["train"]) == 60 and not rooms["train"] & rooms["test"]
+    assert not rooms["val"] & (rooms["train"] | rooms["test"])
     task = json.loads(test["extra_info"][0]["task_json"])
     assert len(task["room"]) == 6 and env_at(task).task == task

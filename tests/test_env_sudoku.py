@@ -180,14 +180,15 @@ def test_data_prep_disjoint_by_puzzle(tmp_path):
     spec = importlib.util.spec_from_file_location("data_prep_sudoku", ROOT / "data_prep" / "sudoku.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    script.main(["--out-dir", str(tmp_path), "--train", "300", "--test", "50"])
-    train, test = (pd.read_parquet(tmp_path / f"{split}.parquet") for split in ("train", "test"))
-    assert len(train) == 300 and len(test) == 50
+    script.main(["--out-dir", str(tmp_path), "--train", "300", "--val", "30", "--test", "50"])
+    train, val, test = (pd.read_parquet(tmp_path / f"{split}.parquet") for split in ("train", "val", "test"))
+    assert (len(train), len(val), len(test)) == (300, 30, 50)
     puzzles = {
         name: [json.dumps(json.loads(row["task_json"])["puzzle"]) for row in frame["extra_info"]]
-        for name, frame in (("train", train), ("test", test))
+        for name, frame in (("train", train), ("val", val), ("test", test))
     }
-    assert len(set(puzzles["train"])) == 300 and len(set(puzzles["test"])) == 50
+    assert len(set(puzzles["train"])) == 300 and len(set(puzzles["val"])) == 30 and len(set(puzzles["test"])) == 50
     assert not set(puzzles["train"]) & set(puzzles["test"])
+    assert not set(puzzles["val"]) & (set(puzzles["train"]) | set(puzzles["test"]))
     task = json.loads(test["extra_info"][0]["task_json"])
     assert count_solutions(task["puzzle"]) == 1 and env_at(task).task == task

@@ -23,7 +23,7 @@ def artifacts(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("mas")
     warm_start(build(str(root / "tiny_model_plan_path"), seed=0), "plan_path", seed=0)
-    splits = generate_splits("plan_path", {"train": 32, "test": 4}, {"size": 6})
+    splits = generate_splits("plan_path", {"train": 32, "val": 4}, {"size": 6})
     for split, rows in splits.items():
         write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
     return root
@@ -139,11 +139,11 @@ def team_artifacts(artifacts):
     for env in ("math", "code"):
         warm_start(build(str(artifacts / f"tiny_model_{env}"), seed=0), env, seed=0)
     math_tasks = list(fixture_tasks())
-    write_splits(disjoint_splits("math", math_tasks[4:], math_tasks[:4], None, None), str(artifacts / "data" / "math_fixture"), "team_artifacts")
+    write_splits(disjoint_splits("math", math_tasks[4:], math_tasks[:4], None, None, val=4), str(artifacts / "data" / "math_fixture"), "team_artifacts")
     words = ["apple", "river stone", "42", "a b c", "hello world", "x", "tic tac", "7 8 9", "moon", "blue sky"]
     echo = [{"problem": f"Read one line and print it unchanged (set {i}).", "solution": "print(input())",
              "tests": [{"input": f"{w}\n", "output": f"{w}\n"} for w in words[i : i + 3]]} for i in range(8)]
-    write_splits(disjoint_splits("code", echo[2:], echo[:2], None, None), str(artifacts / "data" / "code_fixture"), "team_artifacts")
+    write_splits(disjoint_splits("code", echo[2:], echo[:2], None, None, val=2), str(artifacts / "data" / "code_fixture"), "team_artifacts")
     return artifacts
 
 

@@ -29,9 +29,9 @@ def artifacts(tmp_path_factory):
     root = tmp_path_factory.mktemp("policies")
     warm_start(build(str(root / "tiny_model_plan_path"), seed=0), "plan_path", seed=0)
     build(str(root / "tiny_model"), seed=0)
-    for split, rows in generate_splits("plan_path", {"train": 32, "test": 4}, {"size": 6}).items():
+    for split, rows in generate_splits("plan_path", {"train": 32, "val": 4}, {"size": 6}).items():
         write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
-    for split, rows in generate_splits("tictactoe", {"train": 16, "test": 4}, {"first": "random", "opponent": "random"}).items():
+    for split, rows in generate_splits("tictactoe", {"train": 16, "val": 4}, {"first": "random", "opponent": "random"}).items():
         write_parquet(rows, str(root / "data" / "tictactoe_random" / f"{split}.parquet"))
     return root
 

@@ -93,11 +93,13 @@ def datasets(artifacts) -> dict[str, Path]:
     written = {}
     for name, (script, argv) in commands.items():
         main = runpy.run_path(str(REPO / script))["main"]
+        # the quickstart (verl's own GRPO on arithmetic) validates on its test split: it has no val split
+        sizes = ["--train", "2", "--test", "2"] + ([] if script == "data_prep/quickstart.py" else ["--val", "2"])
         try:
-            main(argv + ["--train", "2", "--test", "2"])
+            main(argv + sizes)
         except SystemExit as offline:  # a hub download on this offline machine: it says why and what to do
             assert script in HUB_STAND_IN and "Hugging Face hub" in str(offline.code) and "file:PATH" in str(offline.code)
-            main(_without_sources(argv) + HUB_STAND_IN[script] + ["--train", "2", "--test", "2"])
+            main(_without_sources(argv) + HUB_STAND_IN[script] + sizes)
         written[name] = Path(artifacts) / "data" / name
     return written
 
@@ -235,7 +237,7 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
     # data: the files a documented data_prep command writes, rows of the env the recipe names
     data_dir = Path(cfg.data.train_files).parent
     assert data_dir.name in datasets, f"no data_prep command in recipes/ writes {data_dir}"
-    assert (Path(cfg.data.train_files), Path(cfg.data.val_files)) == (data_dir / "train.parquet", data_dir / "test.parquet")
+    assert (Path(cfg.data.train_files), Path(cfg.data.val_files)) == (data_dir / "train.parquet", data_dir / "val.parquet")
     assert parts["env"] in envs.available()
     assert data_dir.name == parts["env"] or data_dir.name.startswith(parts["env"] + "_")
     for path in (cfg.data.train_files, cfg.data.val_files):

@@ -83,17 +83,27 @@ def problem_key(task: dict) -> str:
     return re.sub(r"\s+", " ", task["problem"]).strip().lower()
 
 
-def disjoint_splits(env: str, train_tasks: list[dict], test_tasks: list[dict], train: int | None, test: int | None) -> dict[str, list[dict]]:
+def disjoint_splits(
+    env: str, train_tasks: list[dict], test_tasks: list[dict], train: int | None, test: int | None, val: int | None = 0
+) -> dict[str, list[dict]]:
     """Parquet rows per split: duplicates dropped, every test problem dropped from train (checked),
-    then at most ``train`` / ``test`` problems kept (None: all)."""
+    then at most ``test`` test problems, ``val`` validation problems taken from the end of the
+    training problems (to choose checkpoints on; None: a tenth, at most 500; 0: no val split) and at most ``train``
+    training problems of the rest (None: all)."""
     test_tasks = list({problem_key(t): t for t in test_tasks}.values())[:test]
     held_out = {problem_key(t) for t in test_tasks}
-    train_tasks = list({problem_key(t): t for t in train_tasks if problem_key(t) not in held_out}.values())[:train]
-    if held_out & {problem_key(t) for t in train_tasks}:
-        raise SourceError("train and test share problems")
+    train_tasks = list({problem_key(t): t for t in train_tasks if problem_key(t) not in held_out}.values())
+    val = min(len(train_tasks) // 10, 500) if val is None else val
+    val_tasks, train_tasks = (train_tasks[len(train_tasks) - val:], train_tasks[: len(train_tasks) - val]) if val else ([], train_tasks)
+    train_tasks = train_tasks[:train]
+    keys = {split: {problem_key(t) for t in tasks} for split, tasks in (("train", train_tasks), ("val", val_tasks), ("test", test_tasks))}
+    if keys["train"] & held_out or keys["val"] & held_out or keys["train"] & keys["val"]:
+        raise SourceError("the splits share problems")
+    splits = {"train": train_tasks, "val": val_tasks, "test": test_tasks}
     return {
         split: [task_row(env, i, task, split, i) for i, task in enumerate(tasks)]
-        for split, tasks in (("train", train_tasks), ("test", test_tasks))
+        for split, tasks in splits.items()
+        if split != "val" or val  # --val 0: no validation split
     }
 
 
@@ -108,20 +118,21 @@ def write_splits(splits: dict[str, list[dict]], out_dir: str, script: str) -> No
 
 def add_split_arguments(parser: argparse.ArgumentParser, out_dir: str, train_source: str, test_sources: list[str]) -> None:
     """The options every problem-set script shares (sources, sizes, output directory)."""
-    parser.add_argument("--out-dir", default=out_dir, help="directory for train.parquet and test.parquet")
+    parser.add_argument("--out-dir", default=out_dir, help="directory for train.parquet, val.parquet and test.parquet")
     parser.add_argument("--train-source", default=train_source, help="where training problems come from (see above)")
     parser.add_argument("--test-source", action="append", help=f"where test problems come from; repeat to concatenate (default: {', '.join(test_sources)})")
     parser.add_argument("--train", type=int, default=None, help="at most this many training problems (default: all)")
     parser.add_argument("--test", type=int, default=None, help="at most this many test problems (default: all)")
+    parser.add_argument("--val", type=int, default=None, help="validation problems, held out of the training problems (default: a tenth, at most 500)")
     parser.set_defaults(default_test_sources=test_sources)
 
 
 def prepare_splits(script: str, env: str, args: argparse.Namespace, load: Callable[[str, str], list[dict]]) -> None:
-    """Load the sources of ``add_split_arguments`` with ``load(source, split)``, make train and test
-    disjoint and write them; a SourceError exits with a message that names the script."""
+    """Load the sources of ``add_split_arguments`` with ``load(source, split)``, make train, val and
+    test disjoint and write them; a SourceError exits with a message that names the script."""
     try:
         test_tasks = [t for source in args.test_source or args.default_test_sources for t in load(source, "test")]
-        splits = disjoint_splits(env, load(args.train_source, "train"), test_tasks, args.train, args.test)
+        splits = disjoint_splits(env, load(args.train_source, "train"), test_tasks, args.train, args.test, args.val)
     except SourceError as error:
         sys.exit(f"{script}: {error}")
     write_splits(splits, args.out_dir, script)

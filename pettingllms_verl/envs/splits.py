@@ -1,19 +1,22 @@
-"""Train/test task sets for generated puzzles: disjoint by construction and by check.
+"""Train/val/test task sets for generated puzzles: disjoint by construction and by check.
 
-Train tasks come from seeds 0, 1, 2, ...; test tasks from seeds ``TEST_SEED_START`` + 0, 1, ....
-Each split keeps only the first occurrence of a task (by ``key``), and a test task whose key
-occurs in train is skipped, so the splits share no puzzle even when two seeds generate the same one.
+Each split draws from its own seed range (``SEED_START``): train from 0, 1, 2, ..., val (for
+choosing checkpoints) from 500,000,000 on, test (reported, never used to choose) from
+1,000,000,000 on. Each split keeps only the first occurrence of a task (by ``key``), and a task
+whose key an earlier split already holds is skipped, so the splits share no puzzle even when two
+seeds generate the same one.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Callable, Hashable
 
 from pettingllms_verl.data.rows import task_row
 from pettingllms_verl.envs import make
 
-TEST_SEED_START = 1_000_000_000
+SEED_START = {"train": 0, "val": 500_000_000, "test": 1_000_000_000}  # first seed of each split
 
 
 def task_key(task: dict) -> str:
@@ -27,12 +30,16 @@ def generate_splits(
     key: Callable[[dict], Hashable] = task_key,
     log: Callable[[str], None] = print,
 ) -> dict[str, list[dict]]:
-    """Parquet rows per split (``{"train": n, "test": m}``); raises if the splits could not be kept disjoint."""
+    """Parquet rows per split (``{"train": n, "val": v, "test": m}``, any subset); raises if the
+    splits could not be kept disjoint."""
+    unknown = set(counts) - set(SEED_START)
+    if unknown:
+        raise ValueError(f"{env_name}: unknown splits {sorted(unknown)}; use {list(SEED_START)}")
     env = make(env_name, **(config or {}))
     seen: dict[Hashable, str] = {}
     rows: dict[str, list[dict]] = {}
     for split, count in counts.items():
-        seed = TEST_SEED_START if split == "test" else 0
+        seed = SEED_START[split]
         rows[split] = []
         tries = 0
         while len(rows[split]) < count:
@@ -48,6 +55,7 @@ def generate_splits(
                     log(f"{env_name} {split}: {len(rows[split])}/{count}")
             seed += 1
     by_split = {split: {key(json.loads(row["extra_info"]["task_json"])) for row in split_rows} for split, split_rows in rows.items()}
-    if "train" in by_split and "test" in by_split and by_split["train"] & by_split["test"]:
-        raise RuntimeError(f"{env_name}: train and test share tasks")
+    for a, b in itertools.combinations(by_split, 2):
+        if by_split[a] & by_split[b]:
+            raise RuntimeError(f"{env_name}: {a} and {b} share tasks")
     return rows
