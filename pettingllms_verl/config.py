@@ -108,7 +108,7 @@ class PettingLLMsConfig:
     env_kwargs: Dict[str, Any] = field(default_factory=dict)  # pettingllms_verl.envs.make(name, **env_kwargs)
     roles: Dict[str, RoleConfig] = field(default_factory=dict)  # per role: policy and sampling overrides
     policies: Dict[str, PolicyConfig] = field(default_factory=dict)  # name -> policy; empty: one policy "shared"
-    swap_policies: Optional[List[str]] = None  # two policy names: validation serves each one's roles with the other (metrics under swap/)
+    swap_policies: Optional[List[str]] = None  # two policy names: validation also runs with each one's roles served by the other (metrics under swap/)
     mini_batches_per_step: Optional[int] = None  # optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)
     artifacts: Optional[str] = None  # where `make` puts models, data and checkpoints (recipes interpolate it)
     batch_dump_dir: Optional[str] = None  # if set, each step's training rows are written there as JSONL

@@ -163,3 +163,7 @@ def test_every_episode_is_logged_with_its_prompts_replies_rewards_and_branches(t
     assert "<script>" in samples[0]["reply"]  # stored as it came; a viewer escapes it
     assert samples[0]["prompt"] == samples[1]["prompt"] and "start" in samples[0]["prompt"].lower()
     assert {"local_reward", "global_reward", "reward", "parse_ok", "node", "branch", "policy"} <= samples[0].keys()
+    # the state: before the first reply, and each branch's after its reply (Env.snapshot: the plan agent moves @)
+    assert set(record["start"]) == {"grid", "pos", "goal"} and record["swapped"] is False
+    assert all(s["state"]["grid"] == record["start"]["grid"] for s in samples)
+    assert record["policies"] == {"tool": "shared", "plan": "shared"} and record["served_by"]["plan"] == ["shared"]

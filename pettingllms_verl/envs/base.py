@@ -96,6 +96,11 @@ class Env(abc.ABC):
     def workflow(self, mode: str) -> Workflow:
         """The workflow of ``mode``: ``"sa"`` (one agent) or ``"mas"`` (several roles)."""
 
+    def snapshot(self) -> dict[str, Any]:
+        """The whole current state as JSON-serialisable data, for episode logs and the episode
+        viewer (not shown to a model; ``{}``: nothing beyond the prompts and replies)."""
+        return {}
+
     def unknown_role(self, role: Any) -> ValueError:
         """The error to raise for a role this env does not have."""
         return ValueError(f"{self.name} has no role {role!r}; roles: {self.roles}")

@@ -125,6 +125,11 @@ class HanabiEnv(Env):
     def workflow(self, mode: str) -> Workflow:
         return workflow_for(mode, mas=self.roles, sa=self.roles, max_turns=self.max_turns)
 
+    def snapshot(self) -> dict:
+        """Both hands (which no player sees whole) and the table."""
+        table = {key: value for key, value in self.view(self.roles[0]).items() if key not in ("you", "own_knowledge", "partner_hand", "partner_knowledge")}
+        return {**table, "hands": {role: list(self.hands[self._seat(role)]) for role in self.roles}}
+
     def view(self, role: str) -> dict:
         """Everything ``role`` may know: never its own cards, only what hints said about them."""
         me = self._seat(role)

@@ -143,6 +143,9 @@ class TicTacToeEnv(Env):
             return self.outcome_reward("x")
         return sum(self.outcome_reward(role) for role in self.roles) / 2
 
+    def snapshot(self) -> dict:
+        return {"board": list(self.board), "to_move": self.to_move, "outcome": self.outcome}
+
     def observation(self, role: str) -> Messages:
         self.check_role(role)
         return agent.messages(self.board, role, None if self.done else self.to_move)

@@ -58,6 +58,9 @@ class ToolPlanEnv(Env):
     def view(self) -> dict:
         """The current state as a JSON-able dict: the tool's stdin and what prompts render."""
 
+    def snapshot(self) -> dict:
+        return self.view()
+
     @abc.abstractmethod
     def parse_actions(self, text: str) -> Any | None:
         """Actions in ``text`` (a plan reply or a tool's stdout), or None when there are none."""

@@ -26,6 +26,7 @@ from pettingllms_verl.rollout.episode import Episode, PromptTooLong, Sample, epi
 
 logger = logging.getLogger(__name__)
 VALIDATE_KWARG = "pettingllms_validate"  # injected by MASAgentLoopWorker: verl passes no such flag to run()
+SWAPPED_KWARG = "pettingllms_swapped"  # a column of the trainer's swapped-policy validation pass
 _logged_causes: set[str] = set()  # each cause's first traceback is logged once per process
 
 
@@ -76,7 +77,8 @@ class EpisodeAgentLoop(AgentLoopBase):
         # One request id per episode: the load balancer keeps an episode's K branches and later
         # turns on one replica of each policy (its prefix cache), and the policy's router picks it.
         request_id = uuid.uuid4().hex
-        policies = {role: self.settings.policy_of(role, swapped=validate) for role in workflow.turn_order}
+        swapped = validate and bool(kwargs.get(SWAPPED_KWARG, False))
+        policies = {role: self.settings.policy_of(role, swapped=swapped) for role in workflow.turn_order}
         weight_versions: dict[str, set] = {role: set() for role in policies}  # global step of the weights behind each reply
         served_by: dict[str, set] = {role: set() for role in policies}  # the policy each server says it is
 
@@ -104,6 +106,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             generate=generate,
             render=self.render,
             decode=self.decode,
+            snapshots=bool(self.settings.episode_log_dir),
         )
         # verl's staleness bookkeeping: which weight versions this episode sampled from (a frozen
         # policy's weights never change version, so they say nothing about staleness).
@@ -122,7 +125,8 @@ class EpisodeAgentLoop(AgentLoopBase):
         }
         self._log_fault(episode, name)
         if self.settings.episode_log_dir:
-            self._write_log(self.settings.episode_log_dir, name, seed, task, validate, policies, episode)
+            served = {role: routing[role]["mas_served_by"] for role in routing}
+            self._write_log(self.settings.episode_log_dir, name, seed, task, validate, swapped, policies, served, episode)
         if not episode.samples:  # ended before its first reply: one untrained row carries the episode's end
             episode.samples.append(self._placeholder(workflow.turn_order[0]))
         if validate:
@@ -141,7 +145,10 @@ class EpisodeAgentLoop(AgentLoopBase):
             outputs[-1].reward_score = episode_return(samples, episode.final_global_reward, self.settings.alpha)
         return outputs
 
-    def _write_log(self, directory: str, env_name: str, seed: int, task: dict, validate: bool, policies: dict, episode: Episode) -> None:
+    def _write_log(
+        self, directory: str, env_name: str, seed: int, task: dict, validate: bool, swapped: bool, policies: dict,
+        served_by: dict, episode: Episode,
+    ) -> None:
         """Append the episode as one JSON line to ``<directory>/episodes-<pid>.jsonl`` (one file per
         process: no two writers share a file). Model text is stored as it came: escape it to show it."""
         prompts: dict[int, str] = {}  # the K branches of a node share one prompt list: decode it once
@@ -151,18 +158,19 @@ class EpisodeAgentLoop(AgentLoopBase):
                 "chosen": s.chosen, "placeholder": s.placeholder, "parse_ok": s.parse_ok,
                 "local_reward": s.local_reward, "global_reward": s.global_reward, "reward": s.reward,
                 "prompt": prompts.setdefault(id(s.prompt_ids), self.tokenizer.decode(s.prompt_ids)),
-                "reply": self.decode(s.response_ids),
+                "reply": self.decode(s.response_ids), "info": s.info, "state": s.snapshot,
             }
             for s in episode.samples
         ]
         record = {
-            "env": env_name, "seed": seed, "task": task, "validate": validate, "workflow": self.settings.workflow,
+            "env": env_name, "seed": seed, "task": task, "validate": validate, "swapped": swapped, "policies": policies, "served_by": served_by,
+            "workflow": self.settings.workflow,
             "success": episode.success, "end_cause": episode.end_cause, "turns": episode.turns,
-            "final_global_reward": episode.final_global_reward, "samples": samples,
+            "final_global_reward": episode.final_global_reward, "start": episode.start, "samples": samples,
         }
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, f"episodes-{os.getpid()}.jsonl"), "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")  # default: an env's odd info value as text
 
     @staticmethod
     def _log_fault(episode: Episode, env_name: str) -> None:

@@ -52,6 +52,8 @@ class Sample:
     chosen: bool = False
     placeholder: bool = False  # stands for an episode that ended before its first reply: never trained on
     sandbox_runs: dict[str, int] = field(default_factory=dict)  # the sandbox runs this reply caused, by status
+    info: dict = field(default_factory=dict)  # the env's StepResult.info: the parsed action, what it did
+    snapshot: dict | None = None  # the branch's state after this reply (Env.snapshot), when the episode records them
 
 
 class PromptTooLong(ValueError):
@@ -74,6 +76,7 @@ class Episode:
     final_global_reward: float = 0.0
     generate_s: float = 0.0  # wall time spent waiting for the engine
     env_s: float = 0.0  # wall time spent rendering prompts, stepping and cloning envs
+    start: dict | None = None  # the state before the first reply (Env.snapshot), when the episode records them
 
 
 def episode_return(samples: Sequence[Sample], final_global_reward: float, alpha: float) -> float:
@@ -109,11 +112,13 @@ async def run_episode(
     generate: Generate,
     render: Render,
     decode: Decode,
+    snapshots: bool = False,
 ) -> Episode:
-    """Play ``env`` (already reset) to the end, or to a fault; returns every played branch's sample."""
-    episode = Episode()
+    """Play ``env`` (already reset) to the end, or to a fault; returns every played branch's sample
+    (with ``snapshots``, each with its branch's state after the reply: for logs, off in training)."""
+    episode = Episode(start=env.snapshot() if snapshots else None)
     try:
-        env = await _play(episode, env, turn_order, max_turns, k, alpha, generate, render, decode)
+        env = await _play(episode, env, turn_order, max_turns, k, alpha, generate, render, decode, snapshots)
     except _Ended as ended:
         episode.end_cause, episode.error = ended.cause, ended.error
         return episode
@@ -124,7 +129,7 @@ async def run_episode(
     return episode
 
 
-async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, generate, render, decode) -> Env:
+async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, generate, render, decode, snapshots) -> Env:
     """The turns of ``run_episode``; returns the final state, raises ``_Ended`` on a fault."""
     path = ""
     for turn in range(max_turns):
@@ -170,6 +175,8 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
                         reward=alpha * global_reward + float(result.local_reward),
                         parse_ok=bool(result.parse_ok),
                         sandbox_runs=dict(result.info.get(SANDBOX_RUNS, {})),
+                        info=result.info,
+                        snapshot=clone.snapshot() if snapshots else None,
                     )
                 )
             best = best_branch([s.reward for s in node_samples])

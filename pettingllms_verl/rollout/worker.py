@@ -1,7 +1,7 @@
 """verl V1 agent-loop worker/manager for multi-agent episodes.
 
 verl passes an agent loop no "this is validation" flag; the episode loop needs it (validation
-runs one greedy episode, no tree, and serves the swapped policies under ``swap_policies``), so
+runs one greedy episode, no tree, and a swapped-policy pass serves the swapped policies), so
 this worker injects it. Each row's own reward and AT-GRPO group are put in place by the trainer
 (``trainer/mas_trainer.py``), which owns the rows. Select it with
 ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=pettingllms_verl.rollout.worker.MASAgentLoopManager``.

@@ -44,6 +44,7 @@ from verl.workers.rollout.llm_server import LLMServerManager
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
 from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load, policy_config
+from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
@@ -52,6 +53,7 @@ from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWo
 TRAINER_MODE = "mas_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
 POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per worker group
+VAL_METRICS = "val_metrics.json"  # global_step_N/val_metrics.json: the validation of that step's weights
 
 
 def episode_metrics(tags: list[dict]) -> dict[str, float]:
@@ -84,6 +86,13 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
     for role, rewards in sorted(by_role.items()):
         metrics[f"mas/{role}/reward_mean"] = float(np.mean(rewards))
     return metrics
+
+
+def _with_column(batches, name: str, value):
+    """The batches of a dataloader, each with one more per-row column (the agent loop's kwargs)."""
+    for batch in batches:
+        batch[name] = np.full(len(batch["raw_prompt"]), value, dtype=object)
+        yield batch
 
 
 def check_groups_within_policies(index, policies: list[str]) -> None:
@@ -394,11 +403,23 @@ class MASTrainer(PPOTrainerSync):
     # ------------------------------ validation ------------------------------
 
     def _validate(self) -> dict[str, float]:
-        """verl's validation; under ``swap_policies`` (each role served by the other policy) its
-        metrics are reported under ``swap/``."""
+        """verl's validation; under ``swap_policies`` a second pass serves each of the two
+        policies' roles with the other, reported under ``swap/``. In training, the metrics are
+        also written beside the step's checkpoint (``VAL_METRICS``: checkpoints are chosen on them)."""
         metrics = super()._validate()
         if self.settings.swap_policies:
-            return {f"swap/{key}": value for key, value in metrics.items()}
+            plain = self.val_dataloader
+            self.val_dataloader = _with_column(plain, SWAPPED_KWARG, True)
+            try:
+                metrics.update({f"swap/{key}": value for key, value in super()._validate().items()})
+            finally:
+                self.val_dataloader = plain
+        step_dir = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        if not self.config.trainer.get("val_only", False) and os.path.isdir(step_dir):
+            path = os.path.join(step_dir, VAL_METRICS)
+            with open(path + ".tmp", "w") as f:
+                json.dump({"global_step": self.global_steps, "val_files": list(self.config.data.val_files), "metrics": metrics}, f, indent=1)
+            os.replace(path + ".tmp", path)
         return metrics
 
     # ------------------------------ checkpoints ------------------------------
