@@ -30,6 +30,9 @@ DEFAULT_POLICY = "shared"  # the one policy of a run that lists none (L0)
 ADAPTER_GROUP = "lora"  # the worker group of the adapter policies (L1): one base model, one adapter per policy
 # where the adapter table travels to the trainer engine and the rollout (verl's free-form model.lora dict)
 ADAPTERS_KEY = "pettingllms_adapters"
+# the checkpoint layout of the mas_sync trainer (read by the evaluation)
+POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per worker group
+VAL_METRICS = "val_metrics.json"  # global_step_N/val_metrics.json: the validation of that step's weights
 
 
 class SettingsError(ValueError):

@@ -29,7 +29,7 @@ def artifacts(tmp_path_factory):
     root = tmp_path_factory.mktemp("policies")
     warm_start(build(str(root / "tiny_model_plan_path"), seed=0), "plan_path", seed=0)
     build(str(root / "tiny_model"), seed=0)
-    for split, rows in generate_splits("plan_path", {"train": 32, "val": 4}, {"size": 6}).items():
+    for split, rows in generate_splits("plan_path", {"train": 32, "val": 4, "test": 4}, {"size": 6}).items():
         write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
     for split, rows in generate_splits("tictactoe", {"train": 16, "val": 4}, {"first": "random", "opponent": "random"}).items():
         write_parquet(rows, str(root / "data" / "tictactoe_random" / f"{split}.parquet"))
@@ -109,7 +109,8 @@ def train_to_5_killed_after_step_4_then_resume(artifacts, recipe: str, *resume_o
 @pytest.fixture(scope="module")
 def l2_run(artifacts):
     dump = artifacts / "l2_batches"
-    metrics = run_recipe(artifacts, "plan_path_mas_full_cpu", f"pettingllms.batch_dump_dir={dump}")
+    # validation at the last step: its val_metrics.json is what the evaluation chooses checkpoints by
+    metrics = run_recipe(artifacts, "plan_path_mas_full_cpu", f"pettingllms.batch_dump_dir={dump}", "trainer.test_freq=3")
     return metrics, dumped_rows(dump)
 
 
@@ -210,17 +211,39 @@ def test_tictactoe_one_learner_per_player_with_a_frozen_opponent(artifacts):
     assert not same_params(saved_policy(step, "player_x")[0], start)
 
 
-def test_swapped_policy_evaluation_of_a_checkpoint(l2_run, artifacts):
-    """The switch: validation only, on the trained checkpoint, each role served by the other's policy."""
-    log = artifacts / "swapped.jsonl"
+def test_eval_command_plays_the_chosen_checkpoint_as_trained_and_swapped_and_a_single_agent(l2_run, artifacts):
+    """``pettingllms-eval``: the L2 run's checkpoint chosen on the val split, played on the test split
+    as trained and swapped (each role served by the other's policy), beside the SA recipe's base
+    model; tables, episode logs and game results written."""
+    checkpoints = artifacts / "checkpoints" / "plan_path_mas_full_cpu"
+    saved_val = json.load(open(checkpoints / "global_step_3" / "val_metrics.json"))
+    assert saved_val["global_step"] == 3 and saved_val["val_files"][0].endswith("val.parquet")
+    assert any(key.startswith("val-core/plan_path/") for key in saved_val["metrics"])
+    assert not (checkpoints / "global_step_2" / "val_metrics.json").exists()  # validated at step 3 only
+    out = artifacts / "eval"
     result = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "plan_path_mas_full_cpu",
-         "trainer.val_only=true", "trainer.val_before_train=true", "+pettingllms.swap_policies=[tool_policy,plan_policy]"],
-        capture_output=True, text=True, timeout=900, cwd=artifacts,
-        env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(log)},
+        [sys.executable, "-m", "pettingllms_verl.eval", f"l2=plan_path_mas_full_cpu@{checkpoints}", "sa=plan_path_sa_grpo_cpu",
+         "--episodes", "3", "--out", str(out), "--recipes", RECIPES],
+        capture_output=True, text=True, timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "mas_sync: resuming ['plan_policy', 'tool_policy']" in result.stdout + result.stderr
-    (line,) = [json.loads(line) for line in open(log)]
-    assert any(key.startswith("swap/val-core/") for key in line["data"])
-    assert not any(key.startswith("val-") for key in line["data"])
+    rows = {(row["label"], row["swapped"]): row for row in json.load(open(out / "results.json"))["rows"]}
+    assert set(rows) == {("l2", False), ("l2", True), ("sa", False)}
+    assert rows["l2", False]["step"] == 3 and rows["l2", True]["swap"] == ["plan_policy", "tool_policy"]
+    assert rows["sa", False]["step"] is None and rows["sa", False]["method"] == "SA"
+    assert set(rows["l2", False]["roles"]) == set(POLICY_OF) and all(row["episodes"] == 3 for row in rows.values())
+    episodes = [json.loads(line) for line in open(out / "episodes.jsonl")]
+    assert len(episodes) == 9 and all(e["seed"] >= 1_000_000_000 for e in episodes)  # the test split's seeds
+    for episode in episodes:
+        if episode["run"] != "l2":
+            continue
+        # who answered each role: its own policy as trained, the other one swapped
+        served = {role: POLICY_OF[role] if not episode["swapped"] else POLICY_OF[other] for role, other in (("tool", "plan"), ("plan", "tool"))}
+        assert episode["served_by"] == {role: [policy] for role, policy in served.items()}
+        sample = episode["samples"][0]
+        assert {"prompt", "reply", "info", "state", "reward", "branch", "chosen"} <= sample.keys() and "grid" in sample["state"]
+    games = [json.loads(line) for line in open(out / "games.jsonl")]
+    assert len(games) == 9 and {game["run"] for game in games} == {"l2", "sa"}
+    table = (out / "results.md").read_text()
+    assert "## plan_path" in table and "MAS (per-role policies, full models) swapped" in table and "| SA | sa | base |" in table
+    assert "l2 (swapped plan_policy <-> tool_policy)" in (out / "summary.md").read_text()

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 import traceback
 import uuid
 from typing import Any
@@ -69,6 +70,7 @@ class EpisodeAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         validate = bool(kwargs.get(VALIDATE_KWARG, False))
+        started_at = time.time()
         name, seed, task = row_task(kwargs["extra_info"])
         env = envs.make(name, **self.settings.env_kwargs)
         env.reset(seed=seed, task=task)
@@ -126,7 +128,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         self._log_fault(episode, name)
         if self.settings.episode_log_dir:
             served = {role: routing[role]["mas_served_by"] for role in routing}
-            self._write_log(self.settings.episode_log_dir, name, seed, task, validate, swapped, policies, served, episode)
+            self._write_log(self.settings.episode_log_dir, name, seed, task, validate, swapped, policies, served, episode, started_at)
         if not episode.samples:  # ended before its first reply: one untrained row carries the episode's end
             episode.samples.append(self._placeholder(workflow.turn_order[0]))
         if validate:
@@ -147,7 +149,7 @@ class EpisodeAgentLoop(AgentLoopBase):
 
     def _write_log(
         self, directory: str, env_name: str, seed: int, task: dict, validate: bool, swapped: bool, policies: dict,
-        served_by: dict, episode: Episode,
+        served_by: dict, episode: Episode, started_at: float,
     ) -> None:
         """Append the episode as one JSON line to ``<directory>/episodes-<pid>.jsonl`` (one file per
         process: no two writers share a file). Model text is stored as it came: escape it to show it."""
@@ -166,7 +168,8 @@ class EpisodeAgentLoop(AgentLoopBase):
             "env": env_name, "seed": seed, "task": task, "validate": validate, "swapped": swapped, "policies": policies, "served_by": served_by,
             "workflow": self.settings.workflow,
             "success": episode.success, "end_cause": episode.end_cause, "turns": episode.turns,
-            "final_global_reward": episode.final_global_reward, "start": episode.start, "samples": samples,
+            "final_global_reward": episode.final_global_reward, "started_at": started_at, "finished_at": time.time(),
+            "start": episode.start, "samples": samples,
         }
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, f"episodes-{os.getpid()}.jsonl"), "a", encoding="utf-8") as f:

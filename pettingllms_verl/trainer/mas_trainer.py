@@ -43,7 +43,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.llm_server import LLMServerManager
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
-from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load, policy_config
+from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, SECTION, VAL_METRICS, load, policy_config
 from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
@@ -52,8 +52,6 @@ from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWo
 
 TRAINER_MODE = "mas_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
-POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per worker group
-VAL_METRICS = "val_metrics.json"  # global_step_N/val_metrics.json: the validation of that step's weights
 
 
 def episode_metrics(tags: list[dict]) -> dict[str, float]:

