@@ -146,3 +146,45 @@ def test_markdown_table_has_a_column_per_role_and_marks_swapped_runs():
     table = results.markdown([dict(row, swapped=False), dict(row, swapped=True)], "test")
     assert "| method | run | weights | episodes | success | tool reward | tool parse fail |" in table
     assert "| MAS (per-role policies, full models) swapped | l2 | step 3 | 4 | 0.250 ± 0.217 | 0.100 | 0.50 |" in table
+
+
+def test_plots_draw_each_metric_per_run_with_seeds_as_a_band(tmp_path):
+    from PIL import Image
+
+    from pettingllms_verl.eval import plots
+
+    def log(path, success, roles):
+        with open(path, "w") as f:
+            for step in (1, 2, 3):
+                data = {"mas/success": success * step, "mas/parse_failure_rate": 0.5 / step, "at_grpo/zero_variance_frac": 0.1,
+                        "val-core/plan_path/reward/mean@1": success, "timing_s/step": 3.0, **{f"mas/{r}/reward_mean": 0.1 * step for r in roles}}
+                f.write(json.dumps({"step": step, "data": data}) + "\n")
+        return str(path)
+
+    runs = {"sa": [log(tmp_path / "sa0.jsonl", 0.1, ["plan"]), log(tmp_path / "sa1.jsonl", 0.2, ["plan"])],
+            "mas": [log(tmp_path / "mas0.jsonl", 0.3, ["plan", "tool"])]}
+    path, legends = plots.plot_curves(runs, str(tmp_path))
+    assert legends["team success"] == ["sa: train success (2 seeds)", "sa: val success (2 seeds)", "mas: train success", "mas: val success"]
+    assert legends["role reward (mean)"] == ["sa: plan (2 seeds)", "mas: plan", "mas: tool"]
+    assert legends["AT-GRPO groups"] == ["sa: zero_variance_frac (2 seeds)", "mas: zero_variance_frac"]
+    assert Image.open(path).size == (1320, 880)
+
+    rows = [{"env": "plan_path", "label": "base", "method": "SA", "step": None, "success": 0.2, "success_se": 0.1},
+            {"env": "plan_path", "label": "team", "method": "MAS (shared policy)", "step": 10, "success": 0.6, "success_se": 0.1}]
+    (tmp_path / "results.json").write_text(json.dumps({"split": "test", "rows": rows}))
+    assert main_plots(["--results", str(tmp_path / "results.json"), "--out", str(tmp_path / "out")]) == 0
+    assert Image.open(tmp_path / "out" / "success_by_method.png").format == "PNG"
+
+
+def test_plots_refuse_missing_and_empty_logs(tmp_path, capsys):
+    assert main_plots(["--curves", f"sa={tmp_path}/nope.jsonl", "--out", str(tmp_path)]) == 2
+    assert f"no file {tmp_path}/nope.jsonl" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main_plots(["--curves", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path)]) == 2
+    assert "empty.jsonl: no records" in capsys.readouterr().err
+
+
+def main_plots(argv):
+    from pettingllms_verl.eval.plots import main as plots_main
+
+    return plots_main(argv)

@@ -415,8 +415,10 @@ class MASTrainer(PPOTrainerSync):
         step_dir = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if not self.config.trainer.get("val_only", False) and os.path.isdir(step_dir):
             path = os.path.join(step_dir, VAL_METRICS)
+            files = self.config.data.val_files
+            record = {"global_step": self.global_steps, "val_files": [files] if isinstance(files, str) else list(files), "metrics": metrics}
             with open(path + ".tmp", "w") as f:
-                json.dump({"global_step": self.global_steps, "val_files": list(self.config.data.val_files), "metrics": metrics}, f, indent=1)
+                json.dump(record, f, indent=1, default=float)  # default: numpy scalars
             os.replace(path + ".tmp", path)
         return metrics
 
