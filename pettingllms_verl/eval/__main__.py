@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--split", default="test", help="the data split played, beside the recipe's val file (default test)")
     parser.add_argument("--episodes", type=int, default=None, help="at most this many problems of the split per run (default all)")
     parser.add_argument("--select", choices=("best-val", "latest"), default="best-val", help="which step of a run's checkpoint folder")
-    parser.add_argument("--swap", help="two policies A,B to also play swapped (default: the two policies of a two-policy recipe)")
+    parser.add_argument("--swap", help="two policies A,B to also play swapped, or none (default: the two policies of a two-policy recipe)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")
     parser.add_argument("--out", default="eval", help="output folder (default ./eval)")
     parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the repository's recipes/)")
@@ -103,7 +103,7 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
         if step_dir:
             runs.check_checkpoint(step_dir, cfg, recipe)
         data_file = runs.split_file(cfg, args.split)
-        swap = runs.swap_pair(cfg, args.swap.split(",") if args.swap else None)
+        swap = None if args.swap == "none" else runs.swap_pair(cfg, args.swap.split(",") if args.swap else None)
         built.append(Run(label, recipe, cfg, runs.data_env(data_file), data_file, step_dir, list(args.overrides), swap))
     return built
 
