@@ -79,6 +79,47 @@ def test_identical_prompts_share_one_prefill_and_still_sample_apart(engine, mode
     assert [o.token_ids for o in together] == [alone[0].token_ids, alone[1].token_ids, alone[0].token_ids]
 
 
+RULES = "Plan-Path rules: move from @ to G on the grid; a wall # blocks you; answer with moves. " * 2
+
+
+def common_prefix(prompts):
+    n = 0
+    while all(len(p) > n + 1 and p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
+def test_a_long_common_prefix_is_computed_once_and_log_probs_stay_exact(engine, model, chat_ids):
+    """Episodes of one role start alike (system prompt, rules): that prefix runs once for the batch,
+    the rest of each distinct prompt once, and every row samples with exact log-probs."""
+    prompts = [chat_ids(RULES + tail) for tail in ("Grid: ..#\n#..", "Grid: #....#..#", "C", "C")]  # the last two: one node's branches
+    common = common_prefix(prompts)
+    assert common >= 32
+    forwards = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, out: forwards.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    torch.manual_seed(3)
+    outs = engine.generate(prompts, [SamplingSpec(max_tokens=10, temperature=1.0)] * 4)
+    hook.remove()
+    rest = max(len(p) for p in prompts) - common
+    assert forwards[:3] == [(1, common), (3, rest - 1), (4, 1)]  # prefix once, 3 distinct rests, then every row
+    for prompt, out in zip(prompts, outs):
+        expected = reference_log_probs(model, prompt, out.token_ids)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
+    greedy = SamplingSpec(max_tokens=10, temperature=0.0)
+    together = engine.generate(prompts[:3], [greedy] * 3)
+    assert [o.token_ids for o in together] == [engine.generate([p], [greedy])[0].token_ids for p in prompts[:3]]
+
+
+def test_short_common_prefixes_are_not_shared(engine, model, chat_ids):
+    prompts = [chat_ids("Sum 1 2"), chat_ids("Go from (0,0) to (3,4)")]
+    assert common_prefix(prompts) < 16
+    forwards = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, out: forwards.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    engine.generate(prompts, [SamplingSpec(max_tokens=2, temperature=0.0)] * 2)
+    hook.remove()
+    assert forwards[0] == (2, max(map(len, prompts)))  # plain generate: one left-padded prefill
+
+
 def test_max_tokens_per_request_in_one_batch(engine, model, chat_ids):
     """Three budgets in one generate call: each reply is cut at its own budget."""
     engine.eos_token_ids = [len(engine.tokenizer) + 1]  # never sampled: every reply runs to its budget
@@ -211,6 +252,24 @@ def test_a_shared_prefill_keeps_each_rows_adapter(engine, adapters, chat_ids):
     names = ["coder", "planner", "coder", "planner"]
     outs = engine.generate([prompt] * 4, [SamplingSpec(max_tokens=10, temperature=0.7)] * 4, adapters=names)
     for out, adapter in zip(outs, names):
+        reference.set_adapter(adapter)
+        expected = reference_log_probs(reference, prompt, out.token_ids, temperature=0.7)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_common_prefixes_are_shared_per_adapter(engine, adapters, chat_ids):
+    """The prefix's KV depends on the adapter: one prefix row per adapter, exact log-probs for each."""
+    reference, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    prompts = [chat_ids(RULES + tail) for tail in ("A", "BB", "A", "CCC")]
+    names = ["coder", "coder", "planner", "planner"]
+    forwards = []
+    hook = engine.base_model.register_forward_hook(lambda module, args, kwargs, out: forwards.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    torch.manual_seed(4)
+    outs = engine.generate(prompts, [SamplingSpec(max_tokens=8, temperature=0.7)] * 4, adapters=names)
+    hook.remove()
+    assert forwards[0][0] == 2 and forwards[1][0] == 4  # a prefix row per adapter, then the 4 distinct (prompt, adapter) rests
+    for prompt, out, adapter in zip(prompts, outs, names):
         reference.set_adapter(adapter)
         expected = reference_log_probs(reference, prompt, out.token_ids, temperature=0.7)
         torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)

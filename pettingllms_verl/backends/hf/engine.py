@@ -5,9 +5,10 @@ share sampling settings are left-padded into one ``model.generate`` call; each r
 log-probabilities of its sampled tokens under ``log_softmax(logits / temperature)``, which is the
 distribution verl's actor recomputes for its old log-probs.
 
-Requests with an identical prompt in one call (the K branches of an AT-GRPO tree node) share one
-prefill: the prompt is run once, its KV cache copied for each request, and every request then
-samples on its own.
+Requests in one call share their prefill work: the longest common prefix of the prompts of one
+adapter (the system prompt and rules every episode of a role starts with) is run once, and each
+distinct prompt's rest once (the K branches of an AT-GRPO tree node are one prompt); the KV cache
+is copied to each request, and every request then samples on its own.
 
 LoRA adapters (one per role, L1): ``load_adapter`` adds or refreshes a named peft adapter on the
 one base model; a request names its adapter (None: the base), and requests with different
@@ -25,6 +26,7 @@ from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dic
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
+MIN_SHARED_PREFIX = 16  # tokens: a shorter common prefix is not worth a forward of its own
 
 
 @dataclass(frozen=True)
@@ -170,12 +172,9 @@ class HFGenerationEngine:
         self, prompts: list[list[int]], specs: list[SamplingSpec], adapters: list[str | None]
     ) -> list[Generation]:
         spec = specs[0]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding: generation continues every row at column `width`
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt) :] = 1
+        cuts = self._prefix_cuts(prompts, adapters) if self.share_prefill else [0] * len(prompts)
+        input_ids, attention_mask = self._layout(prompts, cuts)
+        width = input_ids.shape[1]
         kwargs: dict[str, Any] = dict(
             max_new_tokens=max(s.max_tokens for s in specs),
             do_sample=not spec.greedy,
@@ -193,7 +192,7 @@ class HFGenerationEngine:
             kwargs.update(adapter_names=[a or BASE_ADAPTER for a in adapters])
         recorder = _SampledTokenLogProbs(1.0 if spec.greedy else spec.temperature)
         with self._lock:
-            cache = self._shared_prefill(prompts, adapters, input_ids, attention_mask)
+            cache = self._shared_prefill(prompts, adapters, cuts, input_ids, attention_mask)
             if cache is not None:
                 kwargs.update(past_key_values=cache)
             hook = self.base_model.register_forward_hook(recorder, with_kwargs=True)
@@ -208,24 +207,90 @@ class HFGenerationEngine:
         new_tokens = new_tokens.cpu()
         return [self._finish(new_tokens[row].tolist(), log_probs[row].tolist(), s) for row, s in enumerate(specs)]
 
-    def _shared_prefill(self, prompts, adapters, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        """One prefill per distinct (prompt, adapter) of the batch, over all prompt columns but the
-        last (``generate`` runs that one: its logits are the first sampled token's); the KV cache of
-        each distinct prompt copied to every row asking for it. None when no prompt repeats."""
+    @staticmethod
+    def _prefix_cuts(prompts: list[list[int]], adapters: list[str | None]) -> list[int]:
+        """Per row, how many leading tokens it shares with every other row of its adapter: the
+        longest common prefix of the adapter's prompts (all but the last token; 0 when shorter than
+        ``MIN_SHARED_PREFIX`` or when the adapter has one row: nothing to share)."""
+        members: dict[str | None, list[int]] = {}
+        for row, adapter in enumerate(adapters):
+            members.setdefault(adapter, []).append(row)
+        cuts = [0] * len(prompts)
+        for rows in members.values():
+            if len(rows) < 2:
+                continue
+            first, shortest = prompts[rows[0]], min(len(prompts[row]) for row in rows)
+            common = 0
+            while common < shortest - 1 and all(prompts[row][common] == first[common] for row in rows):
+                common += 1
+            if common >= MIN_SHARED_PREFIX:
+                for row in rows:
+                    cuts[row] = common
+        return cuts
+
+    def _layout(self, prompts: list[list[int]], cuts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows in two left-padded regions: each row's shared prefix (``cuts[row]`` tokens, right-aligned
+        in the first ``max(cuts)`` columns), then the rest of its prompt (right-aligned at the end, so
+        generation continues every row at the last column). All cuts 0: plain left padding. Position
+        ids follow the mask (as ``generate`` derives them), so the holes change nothing."""
+        split = max(cuts)
+        width = split + max(len(p) - cut for p, cut in zip(prompts, cuts))
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, (prompt, cut) in enumerate(zip(prompts, cuts)):
+            head, tail = prompt[:cut], prompt[cut:]
+            if head:
+                input_ids[row, split - cut : split] = torch.tensor(head, dtype=torch.long)
+                attention_mask[row, split - cut : split] = 1
+            input_ids[row, width - len(tail) :] = torch.tensor(tail, dtype=torch.long)
+            attention_mask[row, width - len(tail) :] = 1
+        return input_ids, attention_mask
+
+    def _shared_prefill(self, prompts, adapters, cuts, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """The KV cache of every prompt column but the last (``generate`` runs that one: its logits
+        are the first sampled token's), computing shared work once: each adapter's common prefix
+        (the prefix region of ``_layout``) in one row per adapter, then the rest of each distinct
+        (prompt, adapter) in one row each; the cache is copied to every row asking for it. None when
+        nothing is shared (plain ``generate``)."""
         owner: dict[tuple, int] = {}
         rows = [owner.setdefault((tuple(prompt), adapter), len(owner)) for prompt, adapter in zip(prompts, adapters)]
-        if not self.share_prefill or len(owner) == len(prompts) or input_ids.shape[1] < 2:
+        split, width = max(cuts), input_ids.shape[1]
+        if (split == 0 and len(owner) == len(prompts)) or width < 2:
             return None
-        first = [rows.index(index) for index in range(len(owner))]
-        ids, mask = input_ids[first, :-1].to(self.device), attention_mask[first, :-1].to(self.device)
-        # positions as generate derives them from a left-padded mask
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        kwargs: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        if isinstance(self.model, PeftModel):
-            kwargs.update(adapter_names=[adapters[i] or BASE_ADAPTER for i in first])
-        cache = self.model(**kwargs).past_key_values
-        cache.reorder_cache(torch.tensor(rows, device=self.device))  # row i <- its prompt's cache
+        distinct = [rows.index(index) for index in range(len(owner))]
+        mask = attention_mask[distinct].to(self.device)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate derives them from the mask
+        cache = None
+        if split:
+            # one prefix row per adapter (rows without a shared prefix see none of it: masked)
+            prefix_of: dict[str | None, int] = {}
+            for row in distinct:
+                if cuts[row]:
+                    prefix_of.setdefault(adapters[row], row)
+            heads = list(prefix_of.values())
+            cache = self._forward(input_ids[heads, :split], attention_mask[heads, :split], [adapters[r] for r in heads])
+            index = [heads.index(prefix_of.get(adapters[row], heads[0])) for row in distinct]
+            cache.reorder_cache(torch.tensor(index, device=self.device))
+        if width - 1 > split:
+            cache = self._forward(
+                input_ids[distinct, split : width - 1], mask[:, : width - 1], [adapters[r] for r in distinct],
+                positions=positions[:, split : width - 1], cache=cache,
+            )
+        cache.reorder_cache(torch.tensor(rows, device=self.device))  # row i <- its (prompt, adapter)'s cache
         return cache
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, adapters: list[str | None], positions: torch.Tensor | None = None, cache=None):
+        """A prefill forward (no logits beyond the last column); returns its KV cache."""
+        mask = mask.to(self.device)
+        if positions is None:
+            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        kwargs: dict[str, Any] = dict(
+            input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions.to(self.device),
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        )
+        if isinstance(self.model, PeftModel):
+            kwargs.update(adapter_names=[a or BASE_ADAPTER for a in adapters])
+        return self.model(**kwargs).past_key_values
 
     def _finish(self, tokens: list[int], log_probs: list[float], spec: SamplingSpec) -> Generation:
         """Cut one row at its own end: eos (kept), a completed stop string (kept), or its max_tokens."""
