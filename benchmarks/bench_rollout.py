@@ -3,13 +3,16 @@
 1. Tokens/s on the tiny model for N concurrent requests: batched (one generate per batch, as the
    server does) vs one request at a time. Greedy-free sampling at temperature 1 with eos disabled
    by a fixed token budget, so both modes generate the same number of tokens.
-2. One prefill per shared prompt: K requests with one identical prompt (the K branches of an
-   AT-GRPO tree node), with the prompt's prefill shared vs run once per request, on the tiny model
-   and on a random ~100M-parameter one (bench_policies.py's).
+2. Shared prefill work: K requests with one identical prompt (the K branches of an AT-GRPO tree
+   node), and N requests whose prompts share a long common prefix (N episodes of one role: the
+   same system prompt and rules, then their own state), with the shared part prefilled once vs
+   every prompt prefilled whole, on the tiny model and on a random ~100M-parameter one
+   (bench_policies.py's).
 3. (--step-metrics FILE) mean per-phase times of a quickstart run from verl's file logger,
    skipping the run's first step (lazy worker start-up).
 
-    python benchmarks/bench_rollout.py [--requests 8] [--tokens 32] [--device cpu|cuda] [--k 4] [--prompt-tokens 256] [--step-metrics run.jsonl]
+    python benchmarks/bench_rollout.py [--requests 8] [--tokens 32] [--device cpu|cuda] [--k 4] [--prompt-tokens 256]
+        [--episodes 16] [--common-tokens 200] [--step-metrics run.jsonl]
 """
 
 import argparse
@@ -55,8 +58,11 @@ def rollout_rates(requests: int, tokens: int, device: str = "cpu", repeats: int 
             "one_at_a_time_tokens_per_s": serial, "speedup": batched / serial}
 
 
-def shared_prompt_times(k: int, prompt_tokens: int, tokens: int, device: str = "cpu", repeats: int = 3) -> list[dict]:
-    """Seconds for K requests on one prompt: prefill shared vs once per request (best of ``repeats``)."""
+def shared_prompt_times(
+    k: int, prompt_tokens: int, tokens: int, episodes: int, common_tokens: int, device: str = "cpu", repeats: int = 3
+) -> list[dict]:
+    """Seconds for K requests on one prompt, and for ``episodes`` prompts of ``prompt_tokens`` that
+    share their first ``common_tokens``: shared prefill vs every prompt whole (best of ``repeats``)."""
     rows = []
     for name, shape in (("tiny", {}), ("100m", MODEL_100M)):
         model_dir = build(tempfile.mkdtemp(prefix=f"bench_{name}_"), seed=0, **shape)
@@ -64,19 +70,23 @@ def shared_prompt_times(k: int, prompt_tokens: int, tokens: int, device: str = "
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
         engine = HFGenerationEngine(model, tokenizer)
         engine.eos_token_ids = [len(tokenizer) + 1]  # fixed-length replies: equal work in both modes
-        prompt = torch.randint(4, len(tokenizer), (prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+        generator = torch.Generator().manual_seed(0)
+        prompt = torch.randint(4, len(tokenizer), (prompt_tokens,), generator=generator).tolist()
+        tails = torch.randint(4, len(tokenizer), (episodes, prompt_tokens - common_tokens), generator=generator).tolist()
+        cases = {f"{k} branches, one prompt": [prompt] * k, f"{episodes} episodes, {common_tokens} common tokens": [prompt[:common_tokens] + t for t in tails]}
         spec = SamplingSpec(max_tokens=tokens, temperature=1.0)
-        times = {}
-        for shared in (True, False):
-            engine.share_prefill = shared
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                engine.generate([prompt] * k, [spec] * k)
-                best = min(best, time.perf_counter() - start)
-            times[shared] = best
-        rows.append({"model": name, "k": k, "prompt_tokens": prompt_tokens, "tokens_per_request": tokens,
-                     "shared_s": times[True], "per_request_s": times[False], "speedup": times[False] / times[True]})
+        for case, prompts in cases.items():
+            times = {}
+            for shared in (True, False):
+                engine.share_prefill = shared
+                best = float("inf")
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    engine.generate(prompts, [spec] * len(prompts))
+                    best = min(best, time.perf_counter() - start)
+                times[shared] = best
+            rows.append({"model": name, "case": case, "requests": len(prompts), "prompt_tokens": prompt_tokens, "tokens_per_request": tokens,
+                         "shared_s": times[True], "per_request_s": times[False], "speedup": times[False] / times[True]})
     return rows
 
 
@@ -94,7 +104,9 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the engine runs")
     parser.add_argument("--k", type=int, default=4, help="requests sharing one prompt (branches of a tree node)")
-    parser.add_argument("--prompt-tokens", type=int, default=256, help="length of the shared prompt")
+    parser.add_argument("--prompt-tokens", type=int, default=256, help="prompt length")
+    parser.add_argument("--episodes", type=int, default=16, help="requests with a common prefix (episodes of one role)")
+    parser.add_argument("--common-tokens", type=int, default=200, help="their common prefix (Plan-Path's tool prompt: ~206 of ~258)")
     parser.add_argument("--step-metrics", help="verl file-logger jsonl of a quickstart run")
     parser.add_argument("--out", default="benchmarks/results/rollout.json", help="JSON output path")
     args = parser.parse_args(argv)
@@ -107,11 +119,11 @@ def main(argv=None) -> None:
     print(f"| batched (one generate call) | {r['batched_tokens_per_s']:.0f} |")
     print(f"| one at a time | {r['one_at_a_time_tokens_per_s']:.0f} |")
     print(f"| speed-up | {r['speedup']:.1f}x |")
-    result["shared_prompt"] = shared_prompt_times(args.k, args.prompt_tokens, args.tokens, args.device)
-    print(f"\n| {args.k} requests on one {args.prompt_tokens}-token prompt, {args.tokens} tokens each | prefill shared (s) | prefill per request (s) | speed-up |")
-    print("|---|---|---|---|")
+    result["shared_prompt"] = shared_prompt_times(args.k, args.prompt_tokens, args.tokens, args.episodes, args.common_tokens, args.device)
+    print(f"\n| {args.prompt_tokens}-token prompts, {args.tokens} tokens each | model | shared prefill (s) | every prompt whole (s) | speed-up |")
+    print("|---|---|---|---|---|")
     for row in result["shared_prompt"]:
-        print(f"| {row['model']} | {row['shared_s']:.3f} | {row['per_request_s']:.3f} | {row['speedup']:.2f}x |")
+        print(f"| {row['case']} | {row['model']} | {row['shared_s']:.3f} | {row['per_request_s']:.3f} | {row['speedup']:.2f}x |")
     if args.step_metrics:
         result["quickstart_step_s"] = step_breakdown(args.step_metrics)
         print("\n| quickstart steady-state phase | seconds |\n|---|---|")

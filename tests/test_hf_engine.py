@@ -118,6 +118,13 @@ def test_short_common_prefixes_are_not_shared(engine, model, chat_ids):
     engine.generate(prompts, [SamplingSpec(max_tokens=2, temperature=0.0)] * 2)
     hook.remove()
     assert forwards[0] == (2, max(map(len, prompts)))  # plain generate: one left-padded prefill
+    engine.share_prefill = False  # the switch (benchmarks' baseline): nothing shared, not even one node's prompt
+    forwards.clear()
+    hook = model.register_forward_hook(lambda module, args, kwargs, out: forwards.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    node = chat_ids(RULES)
+    engine.generate([node] * 3, [SamplingSpec(max_tokens=2, temperature=0.0)] * 3)
+    hook.remove()
+    assert forwards[0] == (3, len(node))
 
 
 def test_max_tokens_per_request_in_one_batch(engine, model, chat_ids):

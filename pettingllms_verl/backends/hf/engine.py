@@ -255,7 +255,7 @@ class HFGenerationEngine:
         owner: dict[tuple, int] = {}
         rows = [owner.setdefault((tuple(prompt), adapter), len(owner)) for prompt, adapter in zip(prompts, adapters)]
         split, width = max(cuts), input_ids.shape[1]
-        if (split == 0 and len(owner) == len(prompts)) or width < 2:
+        if not self.share_prefill or (split == 0 and len(owner) == len(prompts)) or width < 2:
             return None
         distinct = [rows.index(index) for index in range(len(owner))]
         mask = attention_mask[distinct].to(self.device)
