@@ -60,8 +60,11 @@ def chromium() -> str:
     if found:
         return found
     assert os.geteuid() == 0, "Chromium is absent and installing it needs root: apt-get install chromium"
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"], check=True, timeout=900,
-                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, capture_output=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
+    if subprocess.run(install, timeout=900, env=env, capture_output=True).returncode != 0:  # stale package lists: refresh once
+        subprocess.run(["apt-get", "update", "-q"], check=True, timeout=600, env=env, capture_output=True)
+        subprocess.run(install, check=True, timeout=900, env=env, capture_output=True)
     return shutil.which("chromium")
 
 
