@@ -68,8 +68,8 @@ def run_specs(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
     """(label, recipe, checkpoint) of every run asked for."""
     specs = []
     for spec in args.runs:
-        label, _, rest = spec.rpartition("=") if "=" in spec.split("@", 1)[0] else ("", "", spec)
-        recipe, _, checkpoint = rest.partition("@")
+        head, _, checkpoint = spec.partition("@")
+        label, _, recipe = head.rpartition("=")
         specs.append((label or recipe, recipe, checkpoint or None))
     if args.envs:
         names = envs.available() if args.envs == "all" else [name.strip() for name in args.envs.split(",") if name.strip()]

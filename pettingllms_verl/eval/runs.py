@@ -53,6 +53,7 @@ def compose(recipe: str, overrides: list[str], recipes_dir: Path) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     path = recipes_dir / f"{recipe}.yaml"
     if not path.is_file():
@@ -64,7 +65,7 @@ def compose(recipe: str, overrides: list[str], recipes_dir: Path) -> DictConfig:
         with initialize_config_dir(config_dir=str(recipes_dir), version_base=None):
             cfg = hydra_compose(config_name=recipe, overrides=overrides)
         OmegaConf.resolve(cfg)
-    except HydraException as error:
+    except (HydraException, OmegaConfBaseException) as error:
         raise EvalError(f"recipe {recipe} with --set {overrides}: {str(error).splitlines()[0]}") from None
     return cfg
 
