@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from pettingllms_verl import envs
@@ -202,6 +203,8 @@ def write_outputs(out: Path, rows: list[dict], records: list[dict], split: str) 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # composing a recipe imports verl, which warns once per optional engine it lacks (megatron, ...)
+    warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
     try:
         planned = build_runs(args)
     except (EvalError, results.LogError) as error:
