@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE ?= 1
 # verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
 export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 
-.PHONY: install model real-model data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
+.PHONY: install model real-model real-before-after data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -82,6 +82,23 @@ math: model-math data-math  # tool agent + reasoner
 
 code: model-code data-code  # tester + coder
 	$(call run_recipe,code_mas_atgrpo_cpu)
+
+# The real model before and after training: SmolLM2-135M with a LoRA adapter per role on Plan-Path
+# 6x6 (plan_path_mas_lora_smollm2_cpu). Evaluates the base model on the test split, trains REAL_STEPS
+# steps (validating and saving every 5: the evaluation then takes the best step on val), evaluates
+# again (as trained and with the two adapters swapped), and draws the curves. A rerun resumes the
+# training from its last checkpoint; `rm -rf $(ARTIFACTS)/checkpoints/plan_path_mas_lora_smollm2_cpu`
+# starts it over.
+REAL_STEPS ?= 10
+REAL_EPISODES ?= 32
+REAL_RUN := plan_path_mas_lora_smollm2_cpu
+run_eval = $(PY) -m pettingllms_verl.eval --episodes $(REAL_EPISODES)
+real-before-after: real-model data-plan-path
+	$(run_eval) $(REAL_RUN) --out $(ARTIFACTS)/eval/$(REAL_RUN)/before
+	$(call run_recipe,$(REAL_RUN)) trainer.total_training_steps=$(REAL_STEPS) trainer.test_freq=5 trainer.save_freq=5
+	$(run_eval) $(REAL_RUN)@$(ARTIFACTS)/checkpoints/$(REAL_RUN) --out $(ARTIFACTS)/eval/$(REAL_RUN)/after
+	$(PY) -m pettingllms_verl.eval.plots --curves $(REAL_RUN)=$(VERL_FILE_LOGGER_ROOT)/pettingllms_verl/$(REAL_RUN).jsonl \
+	    --results $(ARTIFACTS)/eval/$(REAL_RUN)/before/results.json --results $(ARTIFACTS)/eval/$(REAL_RUN)/after/results.json --out $(ARTIFACTS)/eval/$(REAL_RUN)
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count. The command is printed with the environment it needs, so that it

@@ -7,7 +7,7 @@ min-max band. The bar chart comes from the evaluation's ``results.json`` (``pett
 success per environment and method, with its standard error.
 
   python -m pettingllms_verl.eval.plots --curves sa=logs/sa_s0.jsonl,logs/sa_s1.jsonl \\
-      --curves mas=logs/mas_s0.jsonl --results eval/results.json --out plots
+      --curves mas=logs/mas_s0.jsonl --results eval/before/results.json --results eval/after/results.json --out plots
 """
 
 from __future__ import annotations
@@ -90,19 +90,21 @@ def plot_curves(runs: dict[str, list[str]], out: str) -> tuple[str, dict[str, li
     return path, legends
 
 
-def plot_results(results_json: str, out: str) -> str:
-    """Success per environment, one bar per method (and run), with its standard error."""
+def plot_results(results_files: list[str], out: str) -> str:
+    """Success per environment, one bar per method (and run and weights), with its standard error."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    try:
-        rows = json.load(open(results_json))["rows"]
-    except (OSError, ValueError, KeyError) as error:
-        raise LogError(f"{results_json}: not an evaluation's results.json ({error}); run pettingllms-eval first") from None
+    rows = []
+    for path in results_files:
+        try:
+            rows += json.load(open(path))["rows"]
+        except (OSError, ValueError, KeyError) as error:
+            raise LogError(f"{path}: not an evaluation's results.json ({error}); run pettingllms-eval first") from None
     if not rows:
-        raise LogError(f"{results_json}: no rows")
+        raise LogError(f"{', '.join(results_files)}: no rows")
     by_env: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_env[row["env"]].append(row)
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--curves", action="append", default=[], metavar="LABEL=LOG[,LOG...]", help="verl file-logger JSONL of a run (several: seeds); repeat per run")
-    parser.add_argument("--results", help="an evaluation's results.json: the SA-vs-MAS bar chart")
+    parser.add_argument("--results", action="append", default=[], help="an evaluation's results.json (repeat: e.g. before and after training): the SA-vs-MAS bar chart")
     parser.add_argument("--out", default="plots", help="output folder (default ./plots)")
     args = parser.parse_args(argv)
     if not args.curves and not args.results:
