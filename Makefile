@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE ?= 1
 # verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
 export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 
-.PHONY: install model real-model real-before-after data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
+.PHONY: install model real-model real-before-after reproduce model-plan-path-demos data-plan-path-5x5 data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -99,6 +99,23 @@ real-before-after: real-model data-plan-path
 	$(run_eval) $(REAL_RUN)@$(ARTIFACTS)/checkpoints/$(REAL_RUN) --out $(ARTIFACTS)/eval/$(REAL_RUN)/after
 	$(PY) -m pettingllms_verl.eval.plots --curves $(REAL_RUN)=$(VERL_FILE_LOGGER_ROOT)/pettingllms_verl/$(REAL_RUN).jsonl \
 	    --results $(ARTIFACTS)/eval/$(REAL_RUN)/before/results.json --results $(ARTIFACTS)/eval/$(REAL_RUN)/after/results.json --out $(ARTIFACTS)/eval/$(REAL_RUN)
+
+# The reproduction of "MAS + AT-GRPO beats SA + GRPO" on CPU (pettingllms_verl/eval/reproduce.py):
+# Plan-Path 5x5, the tiny model warm-started by verl's SFT trainer on noisy demonstrations, SA + GRPO,
+# MAS + AT-GRPO (shared policy) and MAS + AT-GRPO (a model per role, also swapped) over 3 seeds,
+# evaluated on the test split before and after training. A rerun keeps finished training runs.
+REPRO_ENV := {"size": 5, "wall_density": 0.3, "max_turns": 2}
+$(ARTIFACTS)/tiny_model_plan_path_demos/config.json: | $(ARTIFACTS)/tiny_model/config.json
+	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model --out $(ARTIFACTS)/tiny_model_plan_path_demos --env-kwargs '$(REPRO_ENV)'
+
+$(ARTIFACTS)/data/plan_path_5x5/val.parquet: | $(VENV)/.installed
+	$(PY) data_prep/plan_path.py --size 5 --wall-density 0.3 --train 512 --val 32 --test 64 --out-dir $(ARTIFACTS)/data/plan_path_5x5
+
+model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_demos/config.json
+data-plan-path-5x5: $(ARTIFACTS)/data/plan_path_5x5/val.parquet
+
+reproduce: model-plan-path-demos data-plan-path-5x5
+	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count. The command is printed with the environment it needs, so that it

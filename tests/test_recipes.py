@@ -23,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
-NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_full|mas_lora|sa_grpo)_(?P<target>cpu|smollm2_cpu|qwen3_1p7b|qwen3_8b)$")
-CPU_TARGETS = ("cpu", "smollm2_cpu")  # the tiny model / the real SmolLM2-135M (make real-model)
+NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_full|mas_lora|sa_grpo)_(?P<target>cpu|smollm2_cpu|repro_cpu|qwen3_1p7b|qwen3_8b)$")
+CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu")  # the tiny model / the real SmolLM2-135M (make real-model) / make reproduce
 EPISODE_RECIPES = [name for name in RECIPES if NAME.match(name)]
 GPU_RECIPES = [name for name in EPISODE_RECIPES if NAME.match(name)["target"] not in CPU_TARGETS]
 GPU_MODELS = {"qwen3_1p7b": ("Qwen/Qwen3-1.7B", 1), "qwen3_8b": ("Qwen/Qwen3-8B", 2)}  # model, vLLM TP

@@ -210,9 +210,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="directory to write the model and tokenizer to")
     parser.add_argument("--seed", type=int, default=0, help="seed of tokenizer corpus and weights")
     parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size (incl. 256 bytes)")
+    parser.add_argument("--config", default="{}", help='model config overrides as JSON, e.g. \'{"num_hidden_layers": 4}\'')
     parser.add_argument("--warm-start", metavar="ENV", help=f"then fine-tune on well-formed replies of ENV ({', '.join(WARM_REPLIES)})")
     args = parser.parse_args(argv)
-    build(args.out, seed=args.seed, vocab_size=args.vocab_size)
+    build(args.out, seed=args.seed, vocab_size=args.vocab_size, **json.loads(args.config))
     if args.warm_start:
         warm_start(args.out, args.warm_start, seed=args.seed)
     print(f"tiny model written to {args.out}", file=sys.stderr)

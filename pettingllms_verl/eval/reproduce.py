@@ -1,0 +1,225 @@
+"""Reproduce "MAS + AT-GRPO beats SA + GRPO" on CPU: ``python -m pettingllms_verl.eval.reproduce`` (``make reproduce``).
+
+Plan-Path 5x5, the tiny model warm-started by verl's SFT trainer on noisy demonstrations, and three
+methods with the same steps, replies per step and optimizer steps (``recipes/base/repro_plan_path.yaml``):
+
+- ``sa``: SA + GRPO (the plan agent alone, ``plan_path_sa_grpo_repro_cpu``);
+- ``mas``: MAS + AT-GRPO, one policy shared by both roles (``plan_path_mas_atgrpo_repro_cpu``);
+- ``per_role``: MAS + AT-GRPO, a model per role (``plan_path_mas_full_repro_cpu``), also evaluated
+  with the two trained policies swapped.
+
+Each method trains once per seed through ``main_ppo`` (validating on the val split; a rerun resumes
+a run cut short and skips a finished one). ``pettingllms-eval`` then plays the warm start ("before")
+and each run's best step on val ("after") on the test split. Writes to --out: ``reproduce.md`` and
+``reproduce.json`` (test success per method before and after training: mean, min and max over
+seeds, each seed's figure), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the evaluations
+(``before/``, ``after/``), the training logs (``logs/``) and checkpoints (``checkpoints/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pettingllms_verl.eval import __main__ as evaluate
+from pettingllms_verl.eval import plots, runs
+
+METHODS = {  # name -> (recipe, what the tables call it)
+    "sa": ("plan_path_sa_grpo_repro_cpu", "SA + GRPO"),
+    "mas": ("plan_path_mas_atgrpo_repro_cpu", "MAS + AT-GRPO, shared policy"),
+    "per_role": ("plan_path_mas_full_repro_cpu", "MAS + AT-GRPO, a model per role"),
+}
+
+
+class ReproduceError(Exception):
+    """A bad argument or a failed run, said in one line."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m pettingllms_verl.eval.reproduce", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)} (default all)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (data order and sampling; default 0,1,2)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the recipes' trainer.total_training_steps)")
+    parser.add_argument("--episodes", type=int, default=None, help="test problems per evaluation (default all)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")
+    parser.add_argument("--out", default=os.path.join(os.environ.get("PETTINGLLMS_ARTIFACTS", "artifacts"), "reproduce"), help="output folder")
+    parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the repository's recipes/)")
+    args = parser.parse_args(argv)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown or not args.methods:
+        parser.error(f"--methods {','.join(args.methods)}: use some of {', '.join(METHODS)}")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds}: comma-separated integers, e.g. 0,1,2")
+    if not args.seeds:
+        parser.error("--seeds: give at least one")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps {args.steps}: need at least 1")
+    return args
+
+
+def run_label(method: str, seed: int) -> str:
+    return f"{method}_s{seed}"
+
+
+def finished_steps(checkpoints: Path) -> int:
+    """The last step a run saved whole (verl writes this file last), 0 when none."""
+    try:
+        return int((checkpoints / "latest_checkpointed_iteration.txt").read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path) -> None:
+    """One training run through ``main_ppo``; resumes from its last checkpoint, skips when finished."""
+    label = run_label(method, seed)
+    checkpoints = out / "checkpoints" / label
+    done = finished_steps(checkpoints)
+    if done >= steps:
+        print(f"[train {label}] finished earlier ({done} steps): kept", flush=True)
+        return
+    log_dir = out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(Path(args.recipes).resolve()), "--config-name", METHODS[method][0],
+        *args.overrides,
+        f"trainer.total_training_steps={steps}",
+        f"trainer.experiment_name=repro_{label}",
+        f"trainer.default_local_dir={checkpoints.resolve()}",
+        "trainer.resume_mode=auto",
+        f"data.seed={seed}",
+        f"actor_rollout_ref.rollout.seed={seed}",
+    ]
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str((log_dir / f"{label}.jsonl").resolve())}
+    log_path = log_dir / f"{label}.main_ppo.log"
+    print(f"[train {label}] main_ppo, steps {done + 1}-{steps}; log: {log_path}", flush=True)
+    started = time.perf_counter()
+    with open(log_path, "a") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    if code != 0:
+        tail = "".join(open(log_path, errors="replace").readlines()[-15:])
+        raise ReproduceError(f"training {label} failed (exit {code}); its log: {log_path}\n{tail}")
+    print(f"[train {label}] done in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, swap: bool = True) -> dict:
+    """``pettingllms-eval`` of ``specs`` on the test split into ``out`` (two-policy runs also swapped
+    unless ``swap`` is false); its results.json."""
+    argv = [*specs, "--out", str(out), "--recipes", args.recipes, *(f"--set={o}" for o in args.overrides)]
+    if not swap:
+        argv += ["--swap", "none"]
+    if args.episodes:
+        argv += ["--episodes", str(args.episodes)]
+    if evaluate.main(argv) != 0:
+        raise ReproduceError(f"evaluation into {out} failed; see {out}/runs/<label>/main_ppo.log")
+    return json.loads((out / "results.json").read_text())
+
+
+def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int]) -> list[dict]:
+    """One row per method (and per-role swapped): test success before, after per seed, mean/min/max."""
+    base = {row["label"]: row for row in before["rows"] if not row["swapped"]}
+    table = []
+    for method in methods:
+        for swapped in ([False, True] if method == "per_role" else [False]):
+            per_seed = {}
+            for row in after["rows"]:
+                if row["swapped"] == swapped and row["label"] in {run_label(method, s): s for s in seeds}:
+                    per_seed[int(row["label"].rsplit("_s", 1)[1])] = row["success"]
+            values = [per_seed[s] for s in seeds if s in per_seed]
+            start = base.get("sa" if method == "sa" else "mas")  # a model per role starts from the same warm model
+            table.append({
+                "method": method, "recipe": METHODS[method][0], "name": METHODS[method][1] + (", policies swapped" if swapped else ""), "swapped": swapped,
+                "before": start["success"] if start else None, "before_episodes": start["episodes"] if start else None,
+                "after_per_seed": per_seed, "after_mean": sum(values) / len(values) if values else None,
+                "after_min": min(values) if values else None, "after_max": max(values) if values else None,
+            })
+    return table
+
+
+def markdown(table: list[dict], meta: dict) -> str:
+    lines = [
+        "# Reproduction: Plan-Path 5x5, tiny model warm-started on noisy demonstrations",
+        "",
+        f"Test success (share of {meta['episodes']} test problems solved, sampled at T = 1), before training (the warm start) "
+        f"and after {meta['steps']} steps (each run's best step on val), over seeds {', '.join(map(str, meta['seeds']))}. "
+        f"Total time {meta['wall_s'] / 60:.0f} min.",
+        "",
+        "| method | before | after: mean | min - max | " + " | ".join(f"seed {s}" for s in meta["seeds"]) + " |",
+        "|---|---|---|---|" + "---|" * len(meta["seeds"]),
+    ]
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    for row in table:
+        cells = [row["name"], "-" if row["swapped"] else fmt(row["before"]), fmt(row["after_mean"]),
+                 f"{fmt(row['after_min'])} - {fmt(row['after_max'])}"] + [fmt(row["after_per_seed"].get(s)) for s in meta["seeds"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_table(table: list[dict], out: Path) -> str:
+    """``reproduce.png``: test success per method before and after training (mean over seeds, min-max bar)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, row in enumerate(table):
+        if row["before"] is not None and not row["swapped"]:
+            ax.bar(i - 0.2, row["before"], 0.4, color="lightgrey", label="before (warm start)" if i == 0 else None)
+        if row["after_mean"] is not None:
+            spread = [[row["after_mean"] - row["after_min"]], [row["after_max"] - row["after_mean"]]]
+            ax.bar(i + 0.2, row["after_mean"], 0.4, yerr=spread, capsize=4, color="tab:red" if row["swapped"] else "tab:blue",
+                   label=("after, swapped" if row["swapped"] else "after (mean, min-max over seeds)") if i in (0, len(table) - 1) else None)
+    ax.set_xticks(range(len(table)), [row["name"].replace(", ", ",\n", 1) for row in table], fontsize=8)
+    ax.set_ylabel("success on the test split")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "reproduce.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
+        overrides = [*args.overrides, f"trainer.total_training_steps={steps}"]
+        # the warm start as a single agent and as a team (a model per role starts from the same weights)
+        before_specs = [f"{name}={METHODS[name][0]}" for name in ("sa", "mas") if name == "mas" or name in args.methods]
+        before = evaluate_runs(before_specs, args, out / "before", swap=False)
+        for seed in args.seeds:
+            for method in args.methods:
+                train(method, seed, steps, argparse.Namespace(**{**vars(args), "overrides": overrides}), out)
+        after_specs = [f"{run_label(m, s)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, s)}" for s in args.seeds for m in args.methods]
+        after = evaluate_runs(after_specs, args, out / "after")
+    except (ReproduceError, runs.EvalError) as error:
+        print(f"reproduce: {error}", file=sys.stderr)
+        return 1
+    table = aggregate(before, after, args.methods, args.seeds)
+    meta = {"steps": steps, "seeds": args.seeds, "episodes": next((r["episodes"] for r in after["rows"]), None),
+            "wall_s": time.perf_counter() - started, "overrides": args.overrides}
+    (out / "reproduce.json").write_text(json.dumps({**meta, "rows": table}, indent=1))
+    (out / "reproduce.md").write_text(markdown(table, meta))
+    curves = [f"--curves={m}=" + ",".join(str(out / "logs" / f"{run_label(m, s)}.jsonl") for s in args.seeds) for m in args.methods]
+    plots.main([*curves, "--out", str(out)])
+    plot_table(table, out)
+    print(markdown(table, meta))
+    print(f"wrote {out}/reproduce.md, reproduce.json, reproduce.png, learning_curves.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Warm start by verl's own SFT trainer on noisy demonstrations (``models/demos.py``).
+
+``python -m pettingllms_verl.models.sft --base DIR --out DIR`` writes the demonstrations as a
+parquet of chat ``messages`` (verl's multi-turn SFT format: only the assistant reply is trained
+on), runs ``verl.trainer.sft_trainer`` over them (FSDP2 on one gloo rank, fp32, through this
+package's CPU platform), and copies the HF model verl saves at its last step to ``--out``. The
+folder appears whole or not at all (written beside it, renamed last); an existing one is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+
+# Chance of the right demonstration per kind of reply (see models/demos.py).
+DEFAULT_P_CORRECT = {"tool": 0.3, "copy": 1.0, "plan": 0.3}
+
+
+def sft_overrides(data: str, base: str, work: str, steps: int, batch_size: int, lr: float, seed: int) -> list[str]:
+    """verl ``sft_trainer`` overrides for a small model on CPU (fp32, sdpa, no packing kernels)."""
+    return [
+        f"data.train_files={data}",
+        "data.messages_key=messages",
+        f"data.train_batch_size={batch_size}",
+        f"data.micro_batch_size_per_gpu={batch_size}",
+        "data.use_dynamic_bsz=false",
+        "data.max_length=1024",
+        "data.num_workers=0",
+        f"model.path={base}",
+        "model.use_remove_padding=false",  # needs flash-attn varlen kernels
+        "model.enable_gradient_checkpointing=false",
+        "+model.override_config.attn_implementation=sdpa",
+        "engine.strategy=fsdp2",  # FSDP1 fails on CPU
+        "engine.dtype=float32",
+        "+engine.mixed_precision={param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}",
+        "engine.use_torch_compile=false",
+        f"engine.seed={seed}",
+        f"optim.lr={lr}",
+        "optim.lr_scheduler_type=cosine",
+        f"trainer.total_training_steps={steps}",
+        "trainer.total_epochs=1000",  # the step count ends the run
+        f"trainer.seed={seed}",
+        "trainer.logger=[console]",
+        "trainer.device=cpu",
+        "trainer.project_name=pettingllms_verl_sft",
+        f"trainer.default_local_dir={work}/checkpoints",
+        "trainer.resume_mode=disable",
+        "checkpoint.save_contents=[model,hf_model]",
+    ]
+
+
+def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, float] | None = None, steps: int = 400, batch_size: int = 16,
+               lr: float = 3e-3, seed: int = 0, env_kwargs: dict | None = None) -> str:
+    """SFT the model in ``base`` on ``episodes`` noisy Plan-Path demonstration episodes; write it to ``out``."""
+    import pandas as pd
+
+    from pettingllms_verl.models.demos import plan_path_demos
+
+    if os.path.exists(os.path.join(out, "config.json")):
+        print(f"{out} exists: kept (delete it to warm-start again)", file=sys.stderr)
+        return out
+    if not os.path.exists(os.path.join(base, "config.json")):
+        raise SystemExit(f"--base {base}: no model there (build the tiny model first: python -m pettingllms_verl.models.tiny --out {base})")
+    work = out.rstrip("/") + ".sft-work"
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    p_correct = {**DEFAULT_P_CORRECT, **(p_correct or {})}
+    rows = plan_path_demos(episodes, p_correct, seed=seed, env_kwargs=env_kwargs)
+    data = os.path.join(work, "demos.parquet")
+    pd.DataFrame(rows).to_parquet(data, index=False)
+    print(f"{len(rows)} demonstrations ({episodes} episodes, p_correct={p_correct}) -> {data}", file=sys.stderr)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+               "-m", "verl.trainer.sft_trainer", *sft_overrides(data, base, work, steps, batch_size, lr, seed)]
+    print("+ " + " ".join(command), file=sys.stderr)
+    subprocess.run(command, check=True, cwd=work)
+    (exported,) = glob.glob(os.path.join(work, "checkpoints", f"global_step_{steps}", "huggingface"))
+    staging = out.rstrip("/") + ".tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(exported, staging)
+    with open(os.path.join(staging, "warm_start.json"), "w") as f:
+        json.dump({"base": base, "episodes": episodes, "demonstrations": len(rows), "p_correct": p_correct, "steps": steps,
+                   "batch_size": batch_size, "lr": lr, "seed": seed, "env_kwargs": env_kwargs or {}}, f, indent=1)
+    os.replace(staging, out)
+    shutil.rmtree(work)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", required=True, help="model folder to start from (e.g. the tiny model)")
+    parser.add_argument("--out", required=True, help="folder to write the warm-started model to")
+    parser.add_argument("--episodes", type=int, default=800, help="demonstration episodes (SA and MAS alternating)")
+    parser.add_argument("--p-correct", default="{}", help=f"chance of the right reply per kind as JSON (default {json.dumps(DEFAULT_P_CORRECT)})")
+    parser.add_argument("--steps", type=int, default=400, help="SFT optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=16, help="demonstrations per optimizer step")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (cosine schedule)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrations and of verl's trainer")
+    parser.add_argument("--env-kwargs", default="{}", help='Plan-Path options as JSON, e.g. \'{"size": 5, "wall_density": 0.3}\'')
+    args = parser.parse_args(argv)
+    warm_start(args.base, args.out, args.episodes, json.loads(args.p_correct), args.steps, args.batch_size, args.lr, args.seed,
+               json.loads(args.env_kwargs))
+    print(f"warm-started model written to {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The reproduction's pieces: noisy demonstrations, the warm start through verl's SFT trainer, the
+driver's arguments, resume bookkeeping and its table."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pettingllms_verl import envs
+from pettingllms_verl.eval import reproduce
+from pettingllms_verl.models.demos import BFS_PROGRAM, NAIVE_PROGRAM, plan_path_demos, shortest_path
+
+ENV = {"size": 5, "wall_density": 0.3, "max_turns": 2}
+
+
+def _tool_result(program: str, seed: int):
+    env = envs.make("plan_path", **ENV)
+    env.reset(seed=seed)
+    return env.step("tool", f"```python\n{program}\n```")
+
+
+def test_bfs_program_solves_every_grid_and_the_naive_one_not():
+    bfs = [_tool_result(BFS_PROGRAM, seed).info.get("would_solve") for seed in range(20)]
+    naive = [_tool_result(NAIVE_PROGRAM, seed).info.get("would_solve") for seed in range(20)]
+    assert all(bfs)
+    assert 0 < sum(naive) < 20  # right only where no wall is in the way
+
+
+def test_shortest_path_is_shortest():
+    env = envs.make("plan_path", **ENV)
+    for seed in range(20):
+        env.reset(seed=seed)
+        moves = shortest_path(env.view())
+        assert len(moves) == env._optimal_len
+        env.step("plan", f"<answer>{' '.join(moves)}</answer>")
+        assert env.success
+
+
+def test_demonstrations_are_right_as_often_as_asked():
+    right = {"tool": 0.0, "copy": 1.0, "plan": 1.0}
+    rows = plan_path_demos(40, right, seed=1, env_kwargs=ENV)
+    kinds = {"tool": 0, "copy": 0, "plan": 0}
+    for row in rows:
+        system, user, reply = (m["content"] for m in row["messages"])
+        assert row["messages"][2]["role"] == "assistant"
+        if "You are the tool agent" in system:
+            kinds["tool"] += 1
+            assert NAIVE_PROGRAM in reply  # p = 0: always the wrong program
+        elif "Its output:" in user:
+            kinds["copy"] += 1
+            output = user.rsplit("Its output:\n", 1)[1].strip()
+            assert reply == f"<answer>{output}</answer>"
+        else:
+            kinds["plan"] += 1
+            assert reply.startswith("<answer>")
+    assert all(kinds.values()), kinds  # SA and MAS episodes both played
+    # mixed: the share of right tool programs follows p
+    rows = plan_path_demos(200, {"tool": 0.3, "copy": 0.5, "plan": 0.3}, seed=2, env_kwargs=ENV)
+    tools = [r["messages"][2]["content"] for r in rows if "You are the tool agent" in r["messages"][0]["content"]]
+    share = sum(BFS_PROGRAM in t for t in tools) / len(tools)
+    assert 0.2 < share < 0.4
+
+
+def test_warm_start_runs_verls_sft_trainer_and_writes_a_model(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from pettingllms_verl.models import sft
+
+    out = str(tmp_path / "warm")
+    command = [sys.executable, "-m", "pettingllms_verl.models.sft", "--base", tiny_model_dir, "--out", out,
+               "--episodes", "4", "--steps", "2", "--batch-size", "4", "--env-kwargs", json.dumps(ENV)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verl.trainer.sft_trainer" in result.stderr  # verl's trainer ran, not a loop of ours
+    meta = json.load(open(os.path.join(out, "warm_start.json")))
+    assert meta["steps"] == 2 and meta["p_correct"] == sft.DEFAULT_P_CORRECT
+    assert not os.path.exists(out + ".sft-work") and not os.path.exists(out + ".tmp")
+    import torch
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    warm = AutoModelForCausalLM.from_pretrained(out)
+    changed = [n for (n, a), (_, b) in zip(base.named_parameters(), warm.named_parameters()) if not torch.equal(a, b)]
+    assert changed  # two optimizer steps moved the weights
+    # an existing model is kept, never retrained
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "kept" in again.stderr
+
+
+def test_warm_start_names_a_missing_base(tmp_path):
+    from pettingllms_verl.models import sft
+
+    with pytest.raises(SystemExit, match="--base .*no model there"):
+        sft.warm_start(str(tmp_path / "none"), str(tmp_path / "out"))
+
+
+def test_arguments_are_checked():
+    with pytest.raises(SystemExit):
+        reproduce.parse_args(["--methods", "sa,bogus"])
+    with pytest.raises(SystemExit):
+        reproduce.parse_args(["--seeds", "a,b"])
+    args = reproduce.parse_args(["--methods", "sa,mas", "--seeds", "3,4"])
+    assert args.methods == ["sa", "mas"] and args.seeds == [3, 4]
+
+
+def test_finished_steps_reads_verls_last_file(tmp_path):
+    assert reproduce.finished_steps(tmp_path) == 0
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("30\n")
+    assert reproduce.finished_steps(tmp_path) == 30
+
+
+def _row(label, success, swapped=False, episodes=64):
+    return {"label": label, "success": success, "swapped": swapped, "episodes": episodes}
+
+
+def test_aggregate_reports_before_after_mean_and_spread_per_method(tmp_path):
+    before = {"rows": [_row("sa", 0.1), _row("mas", 0.2)]}
+    after = {"rows": [_row("sa_s0", 0.1), _row("sa_s1", 0.3), _row("mas_s0", 0.5), _row("mas_s1", 0.7),
+                      _row("per_role_s0", 0.8), _row("per_role_s1", 0.6), _row("per_role_s0", 0.2, swapped=True),
+                      _row("per_role_s1", 0.4, swapped=True)]}
+    table = {(r["method"], r["swapped"]): r for r in reproduce.aggregate(before, after, ["sa", "mas", "per_role"], [0, 1])}
+    assert table["sa", False]["before"] == 0.1 and table["sa", False]["after_mean"] == pytest.approx(0.2)
+    assert table["mas", False]["before"] == 0.2 and (table["mas", False]["after_min"], table["mas", False]["after_max"]) == (0.5, 0.7)
+    assert table["per_role", False]["before"] == 0.2  # starts from the same warm model as the shared MAS policy
+    assert table["per_role", False]["after_per_seed"] == {0: 0.8, 1: 0.6}
+    assert table["per_role", True]["after_mean"] == pytest.approx(0.3)
+    text = reproduce.markdown(list(table.values()), {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600})
+    assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 | 0.200 - 0.400 | 0.200 | 0.400 |" in text
+    png = reproduce.plot_table(list(table.values()), tmp_path)
+    assert os.path.getsize(png) > 10_000
