@@ -227,3 +227,26 @@ def test_sandbox_runs_reach_the_metrics_per_role_and_status():
     metrics = episode_metrics([row("tool", {"ok": 1}), row("tool", {"timeout": 1}), row("tool", {"ok": 1}), row("plan", {})])
     assert (metrics["mas/tool/sandbox/runs"], metrics["mas/tool/sandbox/ok"], metrics["mas/tool/sandbox/timeout"]) == (3, 2, 1)
     assert not any(key.startswith("mas/plan/sandbox") for key in metrics)  # plan runs no code
+
+
+def test_the_loser_of_a_game_is_credited_on_its_last_move():
+    """MAS Tic-Tac-Toe: x wins on its third move; o's LOSS is added to o's last chosen reply (the move
+    that let x win), not only reported on x's winning step."""
+    from pettingllms_verl.envs.tictactoe import LOSS, WIN
+
+    script = {"x": iter(["0", "1", "2"]), "o": iter(["3", "4"])}
+
+    async def generate(role, prompt_ids, n):
+        text = next(script[role])
+        return [([ord(c) for c in text], [-0.1] * len(text))] * n
+
+    env = envs.make("tictactoe")
+    env.reset(seed=0, task={"seed": 0, "first": "x", "opponent": "random"})
+    workflow = env.workflow("mas")
+    episode = asyncio.run(run_episode(env, workflow.turn_order, workflow.max_turns, 1, 1.0, generate, render, decode))
+    x_moves = [s for s in episode.samples if s.role == "x"]
+    o_moves = [s for s in episode.samples if s.role == "o"]
+    assert x_moves[-1].local_reward == WIN and x_moves[-1].info["final_rewards"]["o"] == LOSS
+    assert o_moves[-1].local_reward == LOSS  # credited once
+    assert o_moves[-1].reward == 1.0 * o_moves[-1].global_reward + LOSS
+    assert o_moves[0].local_reward == 0.0  # earlier moves keep their own reward

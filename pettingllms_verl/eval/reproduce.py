@@ -196,13 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
-        overrides = [*args.overrides, f"trainer.total_training_steps={steps}"]
         # the warm start as a single agent and as a team (a model per role starts from the same weights)
         before_specs = [f"{name}={METHODS[name][0]}" for name in ("sa", "mas") if name == "mas" or name in args.methods]
         before = evaluate_runs(before_specs, args, out / "before", swap=False)
         for seed in args.seeds:
             for method in args.methods:
-                train(method, seed, steps, argparse.Namespace(**{**vars(args), "overrides": overrides}), out)
+                train(method, seed, steps, args, out)
         after_specs = [f"{run_label(m, s)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, s)}" for s in args.seeds for m in args.methods]
         after = evaluate_runs(after_specs, args, out / "after")
     except (ReproduceError, runs.EvalError) as error:

@@ -55,7 +55,7 @@ def sft_overrides(data: str, base: str, work: str, steps: int, batch_size: int, 
     ]
 
 
-def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, float] | None = None, steps: int = 400, batch_size: int = 16,
+def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, float] | None = None, steps: int = 1200, batch_size: int = 16,
                lr: float = 3e-3, seed: int = 0, env_kwargs: dict | None = None) -> str:
     """SFT the model in ``base`` on ``episodes`` noisy Plan-Path demonstration episodes; write it to ``out``."""
     import pandas as pd
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="folder to write the warm-started model to")
     parser.add_argument("--episodes", type=int, default=800, help="demonstration episodes (SA and MAS alternating)")
     parser.add_argument("--p-correct", default="{}", help=f"chance of the right reply per kind as JSON (default {json.dumps(DEFAULT_P_CORRECT)})")
-    parser.add_argument("--steps", type=int, default=400, help="SFT optimizer steps")
+    parser.add_argument("--steps", type=int, default=1200, help="SFT optimizer steps")
     parser.add_argument("--batch-size", type=int, default=16, help="demonstrations per optimizer step")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (cosine schedule)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrations and of verl's trainer")

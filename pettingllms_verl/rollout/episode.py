@@ -126,7 +126,21 @@ async def run_episode(
     episode.end_cause = "max_turns" if not env.success and (not env.done or episode.turns >= max_turns) else None
     episode.success = bool(env.success)
     episode.final_global_reward = float(env.global_reward)
+    credit_final_rewards(episode.samples)
     return episode
+
+
+def credit_final_rewards(samples: Sequence[Sample]) -> None:
+    """A game that ends on one role's reply reports every role's outcome (``info["final_rewards"]``,
+    e.g. Tic-Tac-Toe's loss); it lands on that reply only, so each other role's last chosen reply,
+    the move that let the game end so, gets its own outcome added to its role and mixed reward."""
+    chosen = [s for s in samples if s.chosen and not s.placeholder]
+    final = chosen[-1].info.get("final_rewards") if chosen else None
+    for role, outcome in (final or {}).items():
+        last = next((s for s in reversed(chosen) if s.role == role), None)
+        if last is not None and last is not chosen[-1]:  # the ending reply has its own outcome already
+            last.local_reward += float(outcome)
+            last.reward += float(outcome)
 
 
 async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, generate, render, decode, snapshots) -> Env:
