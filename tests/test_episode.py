@@ -250,3 +250,14 @@ def test_the_loser_of_a_game_is_credited_on_its_last_move():
     assert o_moves[-1].local_reward == LOSS  # credited once
     assert o_moves[-1].reward == 1.0 * o_moves[-1].global_reward + LOSS
     assert o_moves[0].local_reward == 0.0  # earlier moves keep their own reward
+
+    # in a K = 2 tree the loss is not pinned on the chosen branch alone (its sibling was never played on)
+    script = {"x": iter(["0", "0", "1", "1", "2", "2"]), "o": iter(["3", "3", "4", "4"])}
+
+    async def generate_k(role, prompt_ids, n):
+        return [([ord(c) for c in next(script[role])], [-0.1]) for _ in range(n)]
+
+    env.reset(seed=0, task={"seed": 0, "first": "x", "opponent": "random"})
+    episode = asyncio.run(run_episode(env, workflow.turn_order, workflow.max_turns, 2, 1.0, generate_k, render, decode))
+    last_o = [s for s in episode.samples if s.role == "o" and s.turn == 1]
+    assert len(last_o) == 2 and [s.local_reward for s in last_o] == [0.0, 0.0]

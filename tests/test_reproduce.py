@@ -63,6 +63,7 @@ def test_demonstrations_are_right_as_often_as_asked():
     assert 0.2 < share < 0.4
 
 
+@pytest.mark.slow
 def test_warm_start_runs_verls_sft_trainer_and_writes_a_model(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -73,14 +74,15 @@ def test_warm_start_runs_verls_sft_trainer_and_writes_a_model(tmp_path, tiny_mod
                "--episodes", "4", "--steps", "2", "--batch-size", "4", "--env-kwargs", json.dumps(ENV)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "verl.trainer.sft_trainer" in result.stderr  # verl's trainer ran, not a loop of ours
+    assert "step:2 - " in result.stdout + result.stderr and "train/loss:" in result.stdout + result.stderr  # verl's own trainer logged its steps
     meta = json.load(open(os.path.join(out, "warm_start.json")))
     assert meta["steps"] == 2 and meta["p_correct"] == sft.DEFAULT_P_CORRECT
     assert not os.path.exists(out + ".sft-work") and not os.path.exists(out + ".tmp")
     import torch
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    warm = AutoModelForCausalLM.from_pretrained(out)
+    assert json.load(open(os.path.join(out, "config.json")))["dtype"] == "float32"  # as its weights are
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    warm = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     changed = [n for (n, a), (_, b) in zip(base.named_parameters(), warm.named_parameters()) if not torch.equal(a, b)]
     assert changed  # two optimizer steps moved the weights
     # an existing model is kept, never retrained
@@ -95,11 +97,15 @@ def test_warm_start_names_a_missing_base(tmp_path):
         sft.warm_start(str(tmp_path / "none"), str(tmp_path / "out"))
 
 
-def test_arguments_are_checked():
+@pytest.mark.parametrize("argv", [["--methods", "sa,bogus"], ["--seeds", "a,b"], ["--seeds", "0,0"], ["--methods", "sa,sa"],
+                                  ["--episodes", "0"], ["--steps", "0"]])
+def test_bad_arguments_stop_before_anything_runs(argv, capsys):
     with pytest.raises(SystemExit):
-        reproduce.parse_args(["--methods", "sa,bogus"])
-    with pytest.raises(SystemExit):
-        reproduce.parse_args(["--seeds", "a,b"])
+        reproduce.parse_args(argv)
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_good_arguments_are_read():
     args = reproduce.parse_args(["--methods", "sa,mas", "--seeds", "3,4"])
     assert args.methods == ["sa", "mas"] and args.seeds == [3, 4]
 
@@ -108,6 +114,17 @@ def test_finished_steps_reads_verls_last_file(tmp_path):
     assert reproduce.finished_steps(tmp_path) == 0
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("30\n")
     assert reproduce.finished_steps(tmp_path) == 30
+
+
+def test_a_finished_run_is_kept_and_one_trained_further_is_refused(tmp_path, capsys):
+    args = reproduce.parse_args(["--out", str(tmp_path)])
+    run_dir = tmp_path / "checkpoints" / "mas_s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "latest_checkpointed_iteration.txt").write_text("60")
+    reproduce.train("mas", 0, 60, args, tmp_path)  # nothing to do: no main_ppo started
+    assert "finished earlier" in capsys.readouterr().out
+    with pytest.raises(reproduce.ReproduceError, match="more than --steps 30"):
+        reproduce.train("mas", 0, 30, args, tmp_path)
 
 
 def _row(label, success, swapped=False, episodes=64):
@@ -129,3 +146,25 @@ def test_aggregate_reports_before_after_mean_and_spread_per_method(tmp_path):
     assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 | 0.200 - 0.400 | 0.200 | 0.400 |" in text
     png = reproduce.plot_table(list(table.values()), tmp_path)
     assert os.path.getsize(png) > 10_000
+
+
+def test_before_is_reused_only_for_the_same_runs_and_warm_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    model = tmp_path / "artifacts" / "tiny_model_plan_path_demos"
+    model.mkdir(parents=True)
+    (model / "warm_start.json").write_text('{"steps": 1200}')
+    args = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "8"])
+    specs = ["sa=plan_path_sa_grpo_repro_cpu", "mas=plan_path_mas_atgrpo_repro_cpu"]
+    before_dir = tmp_path / "out" / "before"
+    before_dir.mkdir(parents=True)
+    assert reproduce.earlier_before(tmp_path / "out", specs, args) is None  # nothing there
+    (before_dir / "results.json").write_text(json.dumps({"rows": [_row("sa", 0.1), _row("mas", 0.2)]}))
+    (before_dir / "fingerprint.json").write_text(json.dumps(reproduce.fingerprint(specs, args)))
+    assert reproduce.earlier_before(tmp_path / "out", specs, args)["rows"][1]["success"] == 0.2
+    other = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "16"])
+    assert reproduce.earlier_before(tmp_path / "out", specs, other) is None  # other problems
+    (model / "warm_start.json").write_text('{"steps": 600}')
+    assert reproduce.earlier_before(tmp_path / "out", specs, args) is None  # another warm start
+    (before_dir / "results.json").write_text('{"rows": [')  # cut short
+    (before_dir / "fingerprint.json").write_text(json.dumps(reproduce.fingerprint(specs, args)))
+    assert reproduce.earlier_before(tmp_path / "out", specs, args) is None

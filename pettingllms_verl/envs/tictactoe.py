@@ -21,8 +21,8 @@ Rewards. Outcome reward of a role: win ``WIN``, draw ``DRAW``, loss ``LOSS``, un
 local reward = ``INVALID_PENALTY`` if the reply was invalid, plus the actor's outcome reward if the
 game ended during the step (in sa that includes the opponent's answer, so a move that lets the
 opponent win earns ``LOSS``). In mas the loser's ``LOSS`` lands on the winner's step; it is reported in
-``info["final_rewards"]``, and the episode runner adds it to the loser's last reply
-(``rollout.episode.credit_final_rewards``).
+``info["final_rewards"]``, and in plain episodes (K = 1) the episode runner adds each other role's
+outcome to its last reply (``rollout.episode.credit_final_rewards``; not in a K-branch tree: see there).
 ``global_reward``: sa = the agent's outcome reward; mas = mean outcome reward of both roles (0.5 for
 a draw, 0 for a decisive or unfinished game: in self-play a decisive game means one side blundered).
 ``success`` ("draw counts as not-lost"): sa = ``x`` did not lose; mas = neither lost (a draw).

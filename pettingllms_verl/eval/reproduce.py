@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from pettingllms_verl.eval import __main__ as evaluate
@@ -63,6 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--seeds: give at least one")
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: need at least 1")
+    if args.episodes is not None and args.episodes < 1:
+        parser.error(f"--episodes {args.episodes}: need at least 1 (leave it out for the whole test split)")
+    for name, values in (("--methods", args.methods), ("--seeds", args.seeds)):
+        if len(set(values)) != len(values):
+            parser.error(f"{name}: {values} names one twice")
     return args
 
 
@@ -83,7 +89,9 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     label = run_label(method, seed)
     checkpoints = out / "checkpoints" / label
     done = finished_steps(checkpoints)
-    if done >= steps:
+    if done > steps:
+        raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
+    if done == steps:
         print(f"[train {label}] finished earlier ({done} steps): kept", flush=True)
         return
     log_dir = out / "logs"
@@ -119,8 +127,28 @@ def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, swap: b
     if args.episodes:
         argv += ["--episodes", str(args.episodes)]
     if evaluate.main(argv) != 0:
-        raise ReproduceError(f"evaluation into {out} failed; see {out}/runs/<label>/main_ppo.log")
+        raise ReproduceError(f"evaluation into {out} failed (pettingllms-eval said why above; a started run's log is {out}/runs/<label>/main_ppo.log)")
     return json.loads((out / "results.json").read_text())
+
+
+def fingerprint(specs: list[str], args: argparse.Namespace) -> dict:
+    """What a "before" evaluation depends on: runs, problems, overrides and the warm start itself."""
+    model = runs.policy_models(runs.compose(METHODS["mas"][0], args.overrides, Path(args.recipes)))["shared"]
+    meta = Path(model) / "warm_start.json"
+    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides, "model": model,
+            "warm_start": json.loads(meta.read_text()) if meta.is_file() else None}
+
+
+def earlier_before(out: Path, specs: list[str], args: argparse.Namespace) -> dict | None:
+    """The "before" results of an earlier invocation when made of the same runs and warm start."""
+    try:
+        if json.loads((out / "before" / "fingerprint.json").read_text()) != fingerprint(specs, args):
+            return None
+        before = json.loads((out / "before" / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    print(f"[before] evaluated earlier with the same runs and warm start: {out / 'before'} kept", flush=True)
+    return before
 
 
 def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int]) -> list[dict]:
@@ -129,10 +157,8 @@ def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int]) -
     table = []
     for method in methods:
         for swapped in ([False, True] if method == "per_role" else [False]):
-            per_seed = {}
-            for row in after["rows"]:
-                if row["swapped"] == swapped and row["label"] in {run_label(method, s): s for s in seeds}:
-                    per_seed[int(row["label"].rsplit("_s", 1)[1])] = row["success"]
+            labels = {run_label(method, s): s for s in seeds}
+            per_seed = {labels[row["label"]]: row["success"] for row in after["rows"] if row["swapped"] == swapped and row["label"] in labels}
             values = [per_seed[s] for s in seeds if s in per_seed]
             start = base.get("sa" if method == "sa" else "mas")  # a model per role starts from the same warm model
             table.append({
@@ -150,7 +176,7 @@ def markdown(table: list[dict], meta: dict) -> str:
         "",
         f"Test success (share of {meta['episodes']} test problems solved, sampled at T = 1), before training (the warm start) "
         f"and after {meta['steps']} steps (each run's best step on val), over seeds {', '.join(map(str, meta['seeds']))}. "
-        f"Total time {meta['wall_s'] / 60:.0f} min.",
+        f"This invocation took {meta['wall_s'] / 60:.0f} min (training runs kept from an earlier one not counted).",
         "",
         "| method | before | after: mean | min - max | " + " | ".join(f"seed {s}" for s in meta["seeds"]) + " |",
         "|---|---|---|---|" + "---|" * len(meta["seeds"]),
@@ -171,13 +197,18 @@ def plot_table(table: list[dict], out: Path) -> str:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    labelled = set()
+
+    def label(text: str) -> str | None:  # each legend entry once
+        return None if text in labelled or labelled.add(text) else text
+
     for i, row in enumerate(table):
         if row["before"] is not None and not row["swapped"]:
-            ax.bar(i - 0.2, row["before"], 0.4, color="lightgrey", label="before (warm start)" if i == 0 else None)
+            ax.bar(i - 0.2, row["before"], 0.4, color="lightgrey", label=label("before (warm start)"))
         if row["after_mean"] is not None:
             spread = [[row["after_mean"] - row["after_min"]], [row["after_max"] - row["after_mean"]]]
             ax.bar(i + 0.2, row["after_mean"], 0.4, yerr=spread, capsize=4, color="tab:red" if row["swapped"] else "tab:blue",
-                   label=("after, swapped" if row["swapped"] else "after (mean, min-max over seeds)") if i in (0, len(table) - 1) else None)
+                   label=label("after, swapped" if row["swapped"] else "after (mean, min-max over seeds)"))
     ax.set_xticks(range(len(table)), [row["name"].replace(", ", ",\n", 1) for row in table], fontsize=8)
     ax.set_ylabel("success on the test split")
     ax.set_ylim(0, 1.05)
@@ -191,6 +222,8 @@ def plot_table(table: list[dict], out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # composing a recipe imports verl, which warns once per optional engine it lacks (megatron, ...)
+    warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -198,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
         # the warm start as a single agent and as a team (a model per role starts from the same weights)
         before_specs = [f"{name}={METHODS[name][0]}" for name in ("sa", "mas") if name == "mas" or name in args.methods]
-        before = evaluate_runs(before_specs, args, out / "before", swap=False)
+        before = earlier_before(out, before_specs, args)
+        if before is None:
+            before = evaluate_runs(before_specs, args, out / "before", swap=False)
+            (out / "before" / "fingerprint.json").write_text(json.dumps(fingerprint(before_specs, args)))
         for seed in args.seeds:
             for method in args.methods:
                 train(method, seed, steps, args, out)
@@ -213,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": table}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
     curves = [f"--curves={m}=" + ",".join(str(out / "logs" / f"{run_label(m, s)}.jsonl") for s in args.seeds) for m in args.methods]
-    plots.main([*curves, "--out", str(out)])
+    if plots.main([*curves, "--out", str(out)]) != 0:
+        print("reproduce: the learning curves could not be drawn (see above); the table is written", file=sys.stderr)
     plot_table(table, out)
     print(markdown(table, meta))
     print(f"wrote {out}/reproduce.md, reproduce.json, reproduce.png, learning_curves.png")

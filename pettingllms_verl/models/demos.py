@@ -73,7 +73,7 @@ def plan_path_demos(episodes: int, p_correct: dict[str, float], seed: int = 0, e
     rows = []
     for episode in range(episodes):
         workflow = env.workflow(("sa", "mas")[episode % 2])
-        env.reset(seed=20_000_000 + seed * 100_000 + episode)  # outside every data_prep split's seed range
+        env.reset(seed=20_000_000 + (seed % 1000) * 100_000 + episode)  # outside every data_prep split's seed range
         while not env.done:
             for role in workflow.turn_order:
                 if env.done:

@@ -10,7 +10,6 @@ folder appears whole or not at all (written beside it, renamed last); an existin
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -62,6 +61,7 @@ def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, fl
 
     from pettingllms_verl.models.demos import plan_path_demos
 
+    base, out = os.path.abspath(base), os.path.abspath(out)  # the trainer runs in a work folder
     if os.path.exists(os.path.join(out, "config.json")):
         print(f"{out} exists: kept (delete it to warm-start again)", file=sys.stderr)
         return out
@@ -78,11 +78,20 @@ def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, fl
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                "-m", "verl.trainer.sft_trainer", *sft_overrides(data, base, work, steps, batch_size, lr, seed)]
     print("+ " + " ".join(command), file=sys.stderr)
-    subprocess.run(command, check=True, cwd=work)
-    (exported,) = glob.glob(os.path.join(work, "checkpoints", f"global_step_{steps}", "huggingface"))
+    if subprocess.run(command, cwd=work).returncode != 0:
+        raise SystemExit(f"verl's SFT trainer failed (its output is above); the demonstrations are kept in {work}")
+    exported = os.path.join(work, "checkpoints", f"global_step_{steps}", "huggingface")
+    if not os.path.isfile(os.path.join(exported, "model.safetensors")):
+        raise SystemExit(f"verl's SFT trainer ended without exporting a model to {exported}; its work folder is kept: {work}")
     staging = out.rstrip("/") + ".tmp"
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(exported, staging)
+    # verl's exporter writes the config from a bf16 copy; the weights are fp32, and an "auto" dtype load must say so
+    config_path = os.path.join(staging, "config.json")
+    config = json.load(open(config_path))
+    config["dtype"] = "float32"
+    with open(config_path, "w") as f:
+        json.dump(config, f, indent=2)
     with open(os.path.join(staging, "warm_start.json"), "w") as f:
         json.dump({"base": base, "episodes": episodes, "demonstrations": len(rows), "p_correct": p_correct, "steps": steps,
                    "batch_size": batch_size, "lr": lr, "seed": seed, "env_kwargs": env_kwargs or {}}, f, indent=1)

@@ -126,14 +126,20 @@ async def run_episode(
     episode.end_cause = "max_turns" if not env.success and (not env.done or episode.turns >= max_turns) else None
     episode.success = bool(env.success)
     episode.final_global_reward = float(env.global_reward)
-    credit_final_rewards(episode.samples)
+    if k == 1:
+        credit_final_rewards(episode.samples)
     return episode
 
 
 def credit_final_rewards(samples: Sequence[Sample]) -> None:
     """A game that ends on one role's reply reports every role's outcome (``info["final_rewards"]``,
-    e.g. Tic-Tac-Toe's loss); it lands on that reply only, so each other role's last chosen reply,
-    the move that let the game end so, gets its own outcome added to its role and mixed reward."""
+    e.g. Tic-Tac-Toe's loss or draw); it lands on that reply only, so each other role's last chosen
+    reply, the move that let the game end so, gets its own outcome added to its role and mixed reward.
+
+    Only for plain episodes (K = 1, ``rollout_mode=independent``): in a tree, the other K - 1
+    branches of that node were never played on, so crediting the chosen one alone would rank it
+    below its siblings for an outcome they might have met too; crediting all K would shift the group
+    by a constant, which GRPO's normalisation removes."""
     chosen = [s for s in samples if s.chosen and not s.placeholder]
     final = chosen[-1].info.get("final_rewards") if chosen else None
     for role, outcome in (final or {}).items():
