@@ -115,6 +115,19 @@ def _train_env(config: DictConfig) -> tuple[str, int, dict] | None:
     return row_task(extra_info) if isinstance(extra_info, dict) and "env" in extra_info else None
 
 
+def _check_sandbox(env_name: str) -> None:
+    """Code the model writes needs an isolating sandbox; where the OS grants none, say so here
+    rather than as a failed episode in every rollout worker."""
+    from pettingllms_verl.sandbox import client
+
+    try:
+        client.isolation()
+    except client.SandboxUnavailable as error:
+        raise ConfigError(
+            client.ALLOW_UNISOLATED_ENV, f"the {env_name!r} environment runs model-written code, and {error.problem}", error.fix
+        ) from None
+
+
 def _check_policies(config: DictConfig) -> None:
     """The ``pettingllms`` section: schema, policies (models, tokenizers, pools), roles vs the env."""
     from pettingllms_verl import envs
@@ -132,6 +145,8 @@ def _check_policies(config: DictConfig) -> None:
                 key = f"{SECTION}.env_kwargs" + (f".{error.option}" if isinstance(error, envs.UnknownEnvOption) else "")
                 raise ConfigError(key, str(error), "use the options the error names (or drop the key)") from None
             env.reset(seed=seed, task=task)  # some envs' workflow depends on the task (who starts, deck size)
+            if env.runs_model_code:
+                _check_sandbox(env_name)
             settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
     except SettingsError as error:
         key, _, problem = str(error).partition(": ")

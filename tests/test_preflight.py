@@ -208,6 +208,18 @@ def test_a_misspelt_env_option_is_refused_naming_the_options(tmp_path, plan_path
     assert error.value.key == "pettingllms.env_kwargs.max_turn"
 
 
+def test_an_env_that_runs_model_code_is_refused_where_the_sandbox_cannot_isolate(tmp_path, plan_path_rows, monkeypatch):
+    """The refusal itself is the OS's (tests/test_sandbox_normal_user.py); here: it stops the run
+    in the driver, naming the setting, instead of failing every episode in the workers."""
+    from pettingllms_verl.sandbox import client
+
+    check(two_policies(tmp_path, plan_path_rows))
+    monkeypatch.setattr(client, "_refusal", client.SandboxUnavailable("this OS refuses ... the network", "run as root"))
+    with pytest.raises(ConfigError, match="'plan_path' environment runs model-written code, and this OS refuses") as error:
+        check(two_policies(tmp_path, plan_path_rows))
+    assert error.value.key == client.ALLOW_UNISOLATED_ENV and "fix: run as root" in str(error.value)
+
+
 def test_two_adapters_pass(tmp_path, plan_path_rows, tiny_model_dir):
     check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir))
 

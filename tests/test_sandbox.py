@@ -1,11 +1,13 @@
 """Sandbox: outcomes, limits, isolation, and concurrency of run_python."""
 
 import dataclasses
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -32,9 +34,32 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _wait_dead(pid: int, within_s: float = 2.0) -> bool:
+def _namespace_processes() -> dict[int, int]:
+    """The processes in the runs' pid namespace (the sandbox without root): {their pid: ours}."""
+    outer = client._current_server().process.pid  # waits on the server, PID 1 of the namespace
+    with open(f"/proc/{outer}/task/{outer}/children") as children:
+        namespace = os.readlink(f"/proc/{children.read().split()[0]}/ns/pid")
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
+                with open(f"/proc/{entry}/status") as status:
+                    found[int(next(line for line in status if line.startswith("NSpid:")).split()[-1])] = int(entry)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):  # gone, or another user's
+            continue
+    return found
+
+
+def _host_pid(run_pid: int) -> int | None:
+    """A pid a run printed, as this process sees it (None: no such process any more)."""
+    if not client.isolation()["pid_namespace"]:
+        return run_pid
+    return _namespace_processes().get(run_pid)
+
+
+def _wait_dead(pid: int | None, within_s: float = 2.0) -> bool:
     deadline = time.monotonic() + within_s
-    while _alive(pid):
+    while pid is not None and _alive(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
@@ -153,12 +178,34 @@ print(pid, flush=True)
     ],
 )
 def test_forked_grandchild_does_not_survive(escape_group, parent_then, expected_status):
-    if escape_group and not client.isolation()["drop_uid"]:
-        pytest.skip("killing processes that left the group needs a per-run uid (root)")
     code = LOOPING_GRANDCHILD.format(escape_group=escape_group, parent_then=parent_then)
     res = run_python(code, limits=SandboxLimits(wall_s=1.0))
     assert res.status == expected_status
-    grandchild = int(res.stdout)
+    assert _wait_dead(_host_pid(int(res.stdout)))
+
+
+def test_processes_left_behind_die_once_no_run_is_in_flight():
+    """Without root (a pid namespace, no per-run uid): a process that left its run's group lives
+    on while another run is in flight, and is killed as soon as none is."""
+    if not client.isolation()["pid_namespace"]:
+        pytest.skip("the sandbox runs as root here: per-run uids kill such processes at once (test above)")
+    outcome = {}
+    sleeper = threading.Thread(
+        target=lambda: outcome.update(res=run_python("import time; time.sleep(120)", limits=SandboxLimits(wall_s=120)))
+    )
+    sleeper.start()
+    deadline = time.monotonic() + 60
+    while len(_namespace_processes()) < 2:  # the server, then the sleeper
+        assert time.monotonic() < deadline, "the sleeper run never started"
+        time.sleep(0.05)
+    (sleeper_pid,) = [pid for ns_pid, pid in _namespace_processes().items() if ns_pid != 1]
+    res = run_python(LOOPING_GRANDCHILD.format(escape_group=True, parent_then="sys.exit(0)"))
+    assert res.status == "ok"
+    grandchild = _host_pid(int(res.stdout))
+    assert grandchild is not None and _alive(grandchild)  # the sleeper is still in flight
+    os.kill(sleeper_pid, signal.SIGKILL)  # ends the last run in flight
+    sleeper.join()
+    assert outcome["res"].status == "killed"
     assert _wait_dead(grandchild)
 
 
@@ -186,7 +233,8 @@ def test_working_dir_is_fresh_and_removed():
 def _network_namespaces_permitted() -> bool:
     if shutil.which("unshare") is None:
         return False
-    return subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
+    # As root directly; as a normal user inside a user namespace of its own, as the sandbox does.
+    return any(subprocess.run(["unshare", *flags, "true"], capture_output=True).returncode == 0 for flags in (["--net"], ["--user", "--net"]))
 
 
 @pytest.mark.skipif(not _network_namespaces_permitted(), reason="the OS refuses new network namespaces")
@@ -207,6 +255,45 @@ def test_network_is_unreachable():
     assert client.isolation()["network"]
 
 
+SLEEPERS_THAT_LEAVE = """
+import os, time
+pids = []
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:  # a per-run uid's process limit (root): fewer sleepers, same check
+        break
+    if pid == 0:
+        os.setsid()
+        time.sleep(600)
+        os._exit(0)
+    pids.append(pid)
+print(*pids)
+"""
+
+
+def test_a_hostile_corpus_reaches_nothing_of_the_host_and_the_server_survives():
+    """What a normal user's sandbox let through before user namespaces (uid 65534): sleepers that
+    call setsid outlived their run, /etc/passwd was read, a file appeared in the host's /tmp, and
+    the fork server could be killed, failing later runs."""
+    server = client._current_server()
+    marker = f"/tmp/pettingllms-hostile-{os.getpid()}"
+    assert run_python(f"open({marker!r}, 'w').write('x')").ok  # the runs' own /tmp
+    assert not os.path.exists(marker)
+    res = run_python("print(open('/etc/passwd').read())")
+    assert res.status == "error" and "FileNotFoundError" in res.stderr and "root:" not in res.stdout
+    res = run_python(SLEEPERS_THAT_LEAVE, limits=SandboxLimits(wall_s=20))
+    assert res.ok and len(res.stdout.split()) >= 20, res
+    assert all(_wait_dead(_host_pid(int(pid)), within_s=10) for pid in res.stdout.split())
+    # No capability is left to undo the isolation (without root the run is uid 0 of its namespace).
+    res = run_python("import ctypes, os\nprint(ctypes.CDLL(None).unshare(0x00020000))\nos.chroot('.')")
+    assert res.stdout == "-1\n" and "PermissionError" in res.stderr, res
+    for attack in ("os.kill(os.getppid(), signal.SIGKILL)", "os.kill(-1, signal.SIGKILL)"):
+        run_python(f"import os, signal\ntry:\n    {attack}\nexcept OSError:\n    pass")
+        assert run_python("print('still serving')").stdout == "still serving\n"
+    assert client._current_server() is server and server.process.poll() is None  # never restarted
+
+
 def test_only_the_interpreter_and_its_libraries_are_readable(tmp_path):
     if not client.isolation()["filesystem"]:
         pytest.skip("no mount namespace: the OS refused it (not root, or no CAP_SYS_ADMIN)")
@@ -224,11 +311,13 @@ def test_only_the_interpreter_and_its_libraries_are_readable(tmp_path):
 
 
 def test_cannot_signal_the_caller():
-    if not client.isolation()["drop_uid"]:
-        pytest.skip("runs share the caller's uid without root")
     # Signal 0 checks the permission without delivering anything, so a failure here harms nobody.
     res = run_python(f"import os; os.kill({os.getpid()}, 0)")
-    assert res.status == "error" and "PermissionError" in res.stderr
+    if client.isolation()["drop_uid"]:  # root: another uid
+        assert res.status == "error" and "PermissionError" in res.stderr
+    else:  # a normal user: the caller is outside the runs' pid namespace
+        assert client.isolation()["pid_namespace"]
+        assert res.status == "error" and "ProcessLookupError" in res.stderr
 
 
 def test_parallel_runs_are_capped():
@@ -246,6 +335,49 @@ def test_parallel_runs_are_capped():
     spans = [tuple(map(float, r.stdout.split())) for r in results]
     running_at = [sum(start <= t < end for start, end in spans) for t, _ in spans]  # at each program's start
     assert max(running_at) <= client.MAX_PARALLEL
+
+
+HOLD_EVERY_SLOT = f"""
+import threading
+from pettingllms_verl.sandbox import SandboxLimits, run_python
+from pettingllms_verl.sandbox.client import MAX_PARALLEL
+for _ in range(MAX_PARALLEL):
+    threading.Thread(target=run_python, args=("import time; time.sleep(300)",), kwargs={{"limits": SandboxLimits(wall_s=300)}}).start()
+"""
+
+
+def _slots_held() -> int:
+    held = 0
+    for slot in range(client.MAX_PARALLEL):
+        fd = os.open(os.path.join(client.SLOTS_DIR, f"slot-{slot}"), os.O_RDONLY | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held += 1
+        finally:
+            os.close(fd)
+    return held
+
+
+def test_the_cap_is_per_machine_and_a_dead_holder_frees_its_slots():
+    """Another process running MAX_PARALLEL programs holds the whole machine's budget: a run here
+    waits until that process dies (SIGKILL: the kernel frees its slots), then runs."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_EVERY_SLOT])
+    try:
+        deadline = time.monotonic() + 120
+        while _slots_held() < client.MAX_PARALLEL:
+            assert holder.poll() is None and time.monotonic() < deadline, "the other process never held every slot"
+            time.sleep(0.05)
+        results = []
+        waiting = threading.Thread(target=lambda: results.append(run_python("print('ran')")))
+        waiting.start()
+        waiting.join(timeout=1.0)
+        assert waiting.is_alive() and not results  # every slot of the machine is taken
+    finally:
+        holder.kill()
+        holder.wait()
+    waiting.join()
+    assert results[0].stdout == "ran\n"
 
 
 def test_concurrent_calls_do_not_mix_outputs():

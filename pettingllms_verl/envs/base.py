@@ -60,6 +60,9 @@ class Env(abc.ABC):
     # option -> one-line help: the keyword options ``make(name, **options)`` accepts (any other is
     # refused there, naming these: a misspelt option must not silently fall back to its default)
     options: ClassVar[dict[str, str]] = {}
+    # True where a role's replies are run as code (in the sandbox): the preflight then checks, before
+    # Ray starts, that this machine isolates such code (or that the user opted out)
+    runs_model_code: ClassVar[bool] = False
 
     def __init__(self, **config: Any) -> None:
         self.config = config

@@ -80,6 +80,7 @@ def run_tests(code: str, tests: Sequence[tuple[str, str]], limits: SandboxLimits
 class CodeEnv(Env):
     name: ClassVar[str] = "code"
     roles: ClassVar[tuple[str, ...]] = ("tester", "coder")
+    runs_model_code: ClassVar[bool] = True
 
     options = {
         "max_turns": "turns per episode (each turn: every role of the workflow acts once)",

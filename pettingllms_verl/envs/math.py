@@ -59,6 +59,7 @@ def output_answer(stdout: str) -> str | None:
 class MathEnv(Env):
     name: ClassVar[str] = "math"
     roles: ClassVar[tuple[str, ...]] = ("tool", "reasoner")
+    runs_model_code: ClassVar[bool] = True
 
     options = {
         "max_turns": "turns per episode (each turn: every role of the workflow acts once)",

@@ -39,6 +39,7 @@ DEFAULT_TOOL_LIMITS = {"wall_s": 5.0, "cpu_s": 3, "memory_mb": 512, "max_output_
 
 class ToolPlanEnv(Env):
     roles: ClassVar[tuple[str, ...]] = ("tool", "plan")
+    runs_model_code: ClassVar[bool] = True
     prompts: ClassVar[PuzzlePrompts]
     default_max_turns: ClassVar[int]
 

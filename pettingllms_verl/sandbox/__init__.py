@@ -6,6 +6,6 @@ and ``client`` for the caller side). Nothing model-written is ever compiled or e
 calling process.
 """
 
-from pettingllms_verl.sandbox.client import SandboxLimits, SandboxResult, run_python
+from pettingllms_verl.sandbox.client import SandboxLimits, SandboxResult, SandboxUnavailable, run_python
 
-__all__ = ["SandboxLimits", "SandboxResult", "run_python"]
+__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_python"]

@@ -5,11 +5,17 @@ share a socket and wait only in the kernel (the GIL is released while the run go
 """
 
 import atexit
+import contextlib
+import fcntl
+import functools
 import os
+import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from dataclasses import dataclass
 
 from pettingllms_verl.sandbox import forkserver
@@ -18,8 +24,49 @@ from pettingllms_verl.sandbox import forkserver
 # than this means the server is wedged, which is raised, never waited out.
 _REPLY_GRACE_S = 300.0
 _SERVER_START_TIMEOUT_S = 30.0
-# Runs beyond this wait in the server's queue, so a burst of rollouts cannot starve the trainer.
+# Runs beyond this wait, so a burst of rollouts cannot starve the trainer. The cap holds per
+# machine: every rollout worker starts its own server, and they share the slots below.
 MAX_PARALLEL = 2 * (os.cpu_count() or 1)
+SLOTS_DIR = os.path.join("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir(), "pettingllms-sandbox-slots")
+# Set to 1 to run model-written code where the OS grants no isolation (see SandboxUnavailable).
+ALLOW_UNISOLATED_ENV = "PETTINGLLMS_SANDBOX_ALLOW_UNISOLATED"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The OS grants no isolation here and the user has not opted in to run code without it."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(f"sandbox: {problem}. Fix: {fix}")
+        self.problem, self.fix = problem, fix
+
+
+def exposure(isolation: dict) -> list[str]:
+    """What model-written code can reach on this machine, given the server's hello frame."""
+    exposed = []
+    if not isolation["filesystem"]:
+        exposed.append("every file the trainer's user can read or write (datasets, checkpoints, home, /etc)")
+    if not isolation["network"]:
+        exposed.append("the network (the host's loopback services and the internet)")
+    if not (isolation["drop_uid"] or isolation["pid_namespace"]):
+        exposed.append("the trainer's processes (same uid: it can signal them; processes that call setsid outlive their run)")
+    return exposed
+
+
+def _refuse_or_warn(isolation: dict) -> None:
+    exposed = exposure(isolation)
+    if not exposed:
+        return
+    what = "; ".join(exposed)
+    if os.environ.get(ALLOW_UNISOLATED_ENV) == "1":
+        print(f"WARNING sandbox: {ALLOW_UNISOLATED_ENV}=1, model-written code runs exposed to: {what}", file=sys.stderr)
+        return
+    raise SandboxUnavailable(
+        f"this OS refuses the isolation model-written code needs, which would reach {what}",
+        "run as root, or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+        "user.max_user_namespaces > 0, kernel.apparmor_restrict_unprivileged_userns=0; in Docker a seccomp "
+        f"profile that permits unshare), or accept the exposure with {ALLOW_UNISOLATED_ENV}=1 in the environment "
+        "of the trainer and of every Ray worker",
+    )
 
 
 @dataclass(frozen=True)
@@ -68,6 +115,7 @@ class _ForkServerHandle:
         self._control.settimeout(_SERVER_START_TIMEOUT_S)
         try:
             self.isolation: dict = forkserver.recv_frame(self._control)
+            _refuse_or_warn(self.isolation)
         except BaseException:
             self.close()
             raise
@@ -113,15 +161,62 @@ class _ForkServerHandle:
             self.process.wait()
 
 
+@contextlib.contextmanager
+def _machine_slot():
+    """Hold one of MAX_PARALLEL machine-wide slots for the length of a run: an flock on one of
+    MAX_PARALLEL files, which the kernel releases if the holder dies, so no slot is ever lost."""
+    _make_slots_dir()
+    order = random.sample(range(MAX_PARALLEL), MAX_PARALLEL)  # spread callers over the slots
+    wait_s = 0.001
+    while True:
+        for slot in order:
+            fd = _open_slot(slot)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield
+            finally:
+                os.close(fd)  # releases the lock
+            return
+        time.sleep(wait_s)  # every slot busy: poll (a blocking flock would wait on one slot only)
+        wait_s = min(2 * wait_s, 0.02)
+
+
+@functools.cache
+def _make_slots_dir() -> None:
+    os.makedirs(SLOTS_DIR, exist_ok=True)
+    with contextlib.suppress(PermissionError):  # someone else's: they made it shared
+        os.chmod(SLOTS_DIR, 0o1777)  # whatever the umask, other users' trainers share the slots
+
+
+def _open_slot(slot: int) -> int:
+    path = os.path.join(SLOTS_DIR, f"slot-{slot}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    except PermissionError:  # made by another user in a directory we may not write: read is enough
+        fd = os.open(path, os.O_RDONLY)
+    return fd
+
+
 _server: _ForkServerHandle | None = None
 _server_lock = threading.Lock()
+_refusal: SandboxUnavailable | None = None  # the OS's answer does not change within a process
 
 
 def _current_server() -> _ForkServerHandle:
-    global _server
+    global _server, _refusal
     with _server_lock:
+        if _refusal is not None:
+            raise _refusal
         if _server is None:
-            _server = _ForkServerHandle()
+            try:
+                _server = _ForkServerHandle()
+            except SandboxUnavailable as exc:
+                _refusal = exc
+                raise
         return _server
 
 
@@ -158,7 +253,8 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def isolation() -> dict:
-    """What the OS granted the server: {"network": bool, "drop_uid": bool, "keep_read": bool}."""
+    """What the OS granted the server (see ``forkserver``): {"network", "filesystem",
+    "user_namespace", "pid_namespace", "drop_uid", "keep_read"}, each a bool."""
     return dict(_current_server().isolation)
 
 
@@ -166,7 +262,8 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
     """Run `code` as ``python -c`` would, in a sandboxed process; never in this one.
 
     Raises RuntimeError only when the sandbox itself fails (its server died twice in a row or is
-    wedged); every outcome of the code itself is a SandboxResult.
+    wedged) and SandboxUnavailable where the OS grants no isolation and the user did not opt in;
+    every outcome of the code itself is a SandboxResult.
     """
     limits = limits or SandboxLimits()
     request = {
@@ -181,7 +278,8 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
     for _ in range(2):  # one retry, on a restarted server if the first one died
         server = _current_server()
         try:
-            reply = server.call(request, timeout_s=limits.wall_s + _REPLY_GRACE_S)
+            with _machine_slot():
+                reply = server.call(request, timeout_s=limits.wall_s + _REPLY_GRACE_S)
         except TimeoutError as exc:
             raise RuntimeError("sandbox fork server did not reply in time") from exc
         except ConnectionError as exc:

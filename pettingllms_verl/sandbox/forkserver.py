@@ -12,27 +12,38 @@ One single-threaded event loop (forking from a threaded process is unsafe) serve
   uid, then ``exec`` of the code. The loop enforces the wall limit and the output cap, and after
   every run kills its process group and every process left with the run's uid.
 
-Isolation set up once, at start (as root; each is skipped, and reported in the hello frame,
-where the OS refuses):
+Isolation set up once, at start (each is skipped, and reported in the hello frame, where the OS
+refuses; the client refuses to run code without network and filesystem isolation unless the user
+opts in, see ``client``):
+- ``user_namespace``: without root, the server first becomes root of a new user namespace (the
+  caller's uid mapped to 0). That grants nothing outside it, but permits the mount, network and
+  pid namespaces below for a normal user.
+- ``pid_namespace`` (without root): the server goes on as PID 1 of a new pid namespace that holds
+  only it and its runs. Runs cannot see or signal the trainer or the server; processes a run left
+  behind, ``setsid`` included, are re-parented to the server and killed (``kill(-1)``) whenever
+  no run is in flight; and when the server dies the kernel kills every process in it.
 - ``network``: the server enters a new network namespace, inherited by every child: only a
   loopback interface that is down, so every connect fails. One namespace per server, not per
   run: creating and tearing down a namespace per run would cost more than the run.
-- ``drop_uid``: each run gets its own unprivileged uid from a per-server pool, so it cannot
+- ``drop_uid`` (root): each run gets its own unprivileged uid from a per-server pool, so it cannot
   signal the trainer or other runs, write root-owned files, or escape ``kill_all`` by calling
   ``setsid``; RLIMIT_NPROC then bounds fork bombs per run.
-- ``filesystem``: the server enters a new mount namespace and chroots into a tmpfs that holds
-  only read-only bind mounts of the interpreter's trees (prefixes, stdlib, site-packages), the
-  system's shared libraries, four harmless devices and the runs' ``/tmp`` (no ``/proc``, no
-  ``/etc``). Datasets, checkpoints, home directories and credentials are not there to read. Parent directories on the tmpfs are
-  world-traversable, so an interpreter under a 0700 /root is importable without privilege.
+- ``filesystem``: the server enters a new mount namespace and chroots into a read-only tmpfs that
+  holds only read-only bind mounts of the interpreter's trees (prefixes, stdlib, site-packages),
+  the system's shared libraries, four harmless devices and the runs' own writable ``/tmp`` (no
+  ``/proc``, no ``/etc``). Datasets, checkpoints, home directories and credentials are not there
+  to read. Parent directories on the tmpfs are world-traversable, so an interpreter under a 0700
+  /root is importable without privilege.
 - ``keep_read``: set when an unprivileged uid still cannot read the interpreter's files (no
   ``filesystem`` isolation and Python under a 0700 /root); the run then keeps
   CAP_DAC_READ_SEARCH (read any file, never write) so that ``import`` works.
+Every run without its own uid drops all capabilities (bounding set included) before it starts.
 
-Without root (or where the kernel refuses): runs share the caller's uid and network; they are
-still limited, niced, and their process group is killed, but a process that leaves the group
-(``setsid``) is not found afterwards (RLIMIT_CPU still ends it if it computes). Linux only
-(fork, pidfd, memfd).
+Without root, runs share one uid: while in flight they can signal each other and read each
+other's run directories (not the host's). Where the kernel refuses user namespaces as well, runs
+share the caller's uid, network and filesystem; they are still limited, niced, and their process
+group is killed, but a process that leaves the group (``setsid``) is not found afterwards. Linux
+only (fork, pidfd, memfd).
 """
 
 import collections
@@ -41,6 +52,7 @@ import gc
 import marshal
 import os
 import resource
+import select
 import selectors
 import shutil
 import signal
@@ -72,11 +84,15 @@ _RUN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # plus H
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _PR_SET_KEEPCAPS = 8
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_CAPBSET_DROP = 24
+_CAP_LAST = 63  # beyond the kernel's last capability, PR_CAPBSET_DROP fails with EINVAL (ignored)
 _CAP_DAC_READ_SEARCH = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
@@ -128,6 +144,7 @@ _CAP_HEADER = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
 _READ_SEARCH_ONLY = (_CapData * 2)(
     _CapData(1 << _CAP_DAC_READ_SEARCH, 1 << _CAP_DAC_READ_SEARCH, 0), _CapData(0, 0, 0)
 )
+_NO_CAPABILITIES = (_CapData * 2)(_CapData(0, 0, 0), _CapData(0, 0, 0))
 
 
 def _become(uid: int, keep_read: bool) -> None:
@@ -140,6 +157,15 @@ def _become(uid: int, keep_read: bool) -> None:
     os.setresuid(uid, uid, uid)
     if keep_read:
         _check(_capset(ctypes.byref(_CAP_HEADER), _READ_SEARCH_ONLY), "capset")
+
+
+def _drop_capabilities() -> None:
+    """For runs that keep the server's uid (root of a user namespace, or root where no uid could be
+    taken): no capability now, none from any later ``exec``."""
+    for cap in range(_CAP_LAST + 1):
+        _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM (no CAP_SETPCAP: nothing to drop) or EINVAL: fine
+    _check(_prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    _check(_capset(ctypes.byref(_CAP_HEADER), _NO_CAPABILITIES), "capset")
 
 
 def _close_fds_except(keep_fd: int) -> None:
@@ -168,6 +194,57 @@ def _probe_identity(uid: int) -> tuple[bool, bool]:
     status = os.waitpid(pid, 0)[1]
     code = os.waitstatus_to_exitcode(status)
     return code in (readable_exit, unreadable_exit), code == unreadable_exit
+
+
+def _enter_user_namespace() -> bool:
+    """Without root: become root of a new user namespace, the caller's uid and gid mapped to 0."""
+    if os.geteuid() == 0:
+        return False
+    uid, gid = os.geteuid(), os.getegid()
+    if _unshare(_CLONE_NEWUSER) != 0:
+        return False
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as file:
+                file.write(text)
+    except OSError as exc:  # unmapped, we hold no capability: the steps below are refused in turn
+        print(f"sandbox: user namespace without an id map ({exc})", file=sys.stderr)
+        return False
+    return True
+
+
+def _become_pid_namespace_init() -> bool:
+    """Go on as PID 1 of a new pid namespace: fork, the child continues as the server; the parent
+    only waits and exits with it. If the parent is killed, the child and its runs die with it."""
+    if _unshare(_CLONE_NEWPID) != 0:
+        return False
+    parent = os.pidfd_open(os.getpid())  # readable once the parent is gone
+    pid = os.fork()
+    if pid == 0:
+        _check(_prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+        if select.select([parent], [], [], 0)[0]:  # it died before the line above
+            os._exit(1)
+        os.close(parent)
+        return True
+    os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[1])  # the control socket is the child's
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    os._exit(code if code >= 0 else 128 - code)
+
+
+def _kill_orphans() -> None:
+    """As PID 1 of the runs' pid namespace with no run in flight: every other process in it is
+    something a run left behind. ``kill(-1)`` reaches them all (never the caller); reap them."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        return  # nothing left behind: the common case costs one syscall
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                time.sleep(0.001)  # killed, not yet reaped by the kernel
+        except ChildProcessError:
+            return
 
 
 def _enter_private_network() -> bool:
@@ -220,7 +297,10 @@ def _enter_private_filesystem() -> str | None:
                 os.makedirs(os.path.dirname(_PRIVATE_ROOT + link), exist_ok=True)
                 os.symlink(os.readlink(link), _PRIVATE_ROOT + link)
         os.makedirs(_PRIVATE_ROOT + "/tmp", exist_ok=True)
-        os.chmod(_PRIVATE_ROOT + "/tmp", 0o1777)
+        _mount("tmpfs", _PRIVATE_ROOT + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+        # Read-only from here on: runs that keep the server's uid own the tmpfs, and must not leave
+        # files in it for later runs.
+        _mount(None, _PRIVATE_ROOT, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID)
         os.chroot(_PRIVATE_ROOT)
         os.chdir("/")
     except OSError as exc:
@@ -456,6 +536,8 @@ class ForkServer:
             os.close(fd)
         shutil.rmtree(run.workdir, ignore_errors=True)
         del self._runs[run.pid]
+        if not self._runs and self._isolation["pid_namespace"]:
+            _kill_orphans()
 
         cap = run.max_output_bytes
         stdout, stderr = run.streams[run.out_fd], run.streams[run.err_fd]
@@ -533,6 +615,8 @@ def _run_child(
         if isolation["drop_uid"]:
             resource.setrlimit(resource.RLIMIT_NPROC, (_MAX_TASKS_PER_RUN, _MAX_TASKS_PER_RUN))
             _become(uid, isolation["keep_read"])
+        else:
+            _drop_capabilities()
         # Orphaned runs die with the server (set after _become, which clears it), including
         # when the server died before this line.
         _check(_prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
@@ -609,9 +693,19 @@ def main(argv: list[str]) -> None:
     _prepare_runs()
     control = socket.socket(fileno=int(argv[1]))
     max_parallel = int(argv[2])
-    workdir_root = _enter_private_filesystem()  # first: the identity probe then reads inside it
-    drop_uid, keep_read = _probe_identity(_uid_pool()[0])
-    isolation = {"network": _enter_private_network(), "filesystem": workdir_root is not None, "drop_uid": drop_uid, "keep_read": keep_read}
+    user_namespace = _enter_user_namespace()
+    pid_namespace = user_namespace and _become_pid_namespace_init()
+    workdir_root = _enter_private_filesystem()  # before the identity probe, which then reads inside it
+    # Root of a user namespace has no other uid to give runs (only 0 is mapped there).
+    drop_uid, keep_read = (False, False) if user_namespace else _probe_identity(_uid_pool()[0])
+    isolation = {
+        "network": _enter_private_network(),
+        "filesystem": workdir_root is not None,
+        "user_namespace": user_namespace,
+        "pid_namespace": pid_namespace,
+        "drop_uid": drop_uid,
+        "keep_read": keep_read,
+    }
     server = ForkServer(control, max_parallel, isolation, workdir_root or _WORKDIR_ROOT)
     gc.freeze()  # children then share the server's objects instead of copying pages gc touches
     send_frame(control, isolation)
