@@ -4,6 +4,8 @@ with a scripted server and a Plan-Path environment that fails on purpose."""
 import asyncio
 import json
 import logging
+import os
+import signal
 
 import pytest
 from omegaconf import OmegaConf
@@ -16,6 +18,7 @@ from pettingllms_verl.data.rows import task_row
 from pettingllms_verl.envs.plan_path import PlanPathEnv
 from pettingllms_verl.rollout import agent_loop
 from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
+from pettingllms_verl.rollout.episode import ERRORS
 from pettingllms_verl.trainer.mas_trainer import episode_metrics
 
 K = 2
@@ -68,25 +71,30 @@ def tokenizer(tiny_model_dir):
 
 
 def play(tokenizer, server, settings: dict | None = None, **env_kwargs) -> list:
-    config = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": 16}},
-        "algorithm": {"adv_estimator": "at_grpo"},
-        "pettingllms": {"k": K, "env_kwargs": {"max_turns": 4, "size": 4, **env_kwargs}, **(settings or {})},
-    })
     source = envs.make("plan_path", size=4)
     source.reset(seed=3)
-    row = task_row("faulty_plan_path", 3, source.task, "train", 0)
+    # registered for this episode only (the tiny tokenizer's corpus is built from every registered env)
+    envs.register_env("faulty_plan_path", f"{__name__}:FaultyPlanPath")
+    try:
+        return play_env(tokenizer, server, "faulty_plan_path", source.task, settings, max_turns=4, size=4, **env_kwargs)
+    finally:
+        del envs._ENVS["faulty_plan_path"]
+
+
+def play_env(tokenizer, server, env: str, task: dict, settings: dict | None = None, response_length: int = 16, **env_kwargs) -> list:
+    """One training episode of ``env`` on ``task`` through the real agent loop."""
+    config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": response_length}},
+        "algorithm": {"adv_estimator": "at_grpo"},
+        "pettingllms": {"k": K, "env_kwargs": env_kwargs, **(settings or {})},
+    })
+    row = task_row(env, 3, task, "train", 0)
 
     async def episode():
         loop = EpisodeAgentLoop(DictConfigWrap(config), server, tokenizer, None, None, DictConfigWrap(OmegaConf.create({})))
         return await loop.run({"temperature": 1.0}, extra_info=row["extra_info"], uid="problem", session_id=0)
 
-    # registered for this episode only (the tiny tokenizer's corpus is built from every registered env)
-    envs.register_env("faulty_plan_path", f"{__name__}:FaultyPlanPath")
-    try:
-        return asyncio.run(episode())
-    finally:
-        del envs._ENVS["faulty_plan_path"]
+    return asyncio.run(episode())
 
 
 def end_of(outputs) -> dict:
@@ -167,3 +175,64 @@ def test_every_episode_is_logged_with_its_prompts_replies_rewards_and_branches(t
     assert set(record["start"]) == {"grid", "pos", "goal"} and record["swapped"] is False
     assert all(s["state"]["grid"] == record["start"]["grid"] for s in samples)
     assert record["policies"] == {"tool": "shared", "plan": "shared"} and record["served_by"]["plan"] == ["shared"]
+
+
+class ReplyingServer(ScriptedServer):
+    """Answers every request with ``reply``; calls ``before_first`` once, before the first answer."""
+
+    def __init__(self, tokenizer, reply: str, before_first=None):
+        super().__init__(tokenizer)
+        self.reply, self.before_first = tokenizer.encode(reply), before_first
+
+    async def generate(self, request_id, prompt_ids, sampling_params, policy=None):
+        if self.calls == 0 and self.before_first is not None:
+            self.before_first()
+        return await super().generate(request_id, prompt_ids, sampling_params, policy)
+
+
+def test_a_sandbox_server_killed_mid_step_is_replaced_and_costs_no_episode(tokenizer):
+    """The fork server dies (SIGKILL) after the episode began and before its tool program runs:
+    the program runs on a restarted server, and the episode plays out with nothing lost."""
+    from pettingllms_verl.sandbox import client, run_python
+
+    assert run_python("print(1)").ok
+    killed = client._current_server().process
+
+    def kill_the_server():
+        killed.kill()
+        killed.wait()
+
+    server = ReplyingServer(tokenizer, "```python\nprint('R R D D')\n```", before_first=kill_the_server)
+    source = envs.make("plan_path", size=4)
+    source.reset(seed=3)
+    outputs = play_env(tokenizer, server, "plan_path", source.task, max_turns=1, size=4)
+    assert killed.returncode == -9 and client._current_server().process is not killed
+    tool = [o.extra_fields for o in outputs if o.extra_fields["mas_role"] == "tool"]
+    assert len(tool) == K and all(t["mas_sandbox_runs"] == {"ok": 1} for t in tool)  # every program ran
+    end = end_of(outputs)
+    assert end["mas_end_cause"] not in ERRORS and len(outputs) == K * ROLES_PER_TURN
+    metrics = episode_metrics([o.extra_fields for o in outputs])
+    assert metrics["mas/episode_errors"] == 0 and metrics["mas/tool/sandbox/ok"] == K
+
+
+def test_a_hanging_grader_is_killed_and_only_the_answer_it_held_counts_as_wrong(tokenizer, monkeypatch):
+    """The grader's child process hangs (SIGSTOP: it never answers) when the episode's answers
+    are graded: the wait ends at the caller's bound, the hung child is killed and that one answer
+    counts as wrong; the other branch's (identical, right) answer is graded by a fresh child, and
+    the episode plays out with no error."""
+    from pettingllms_verl.envs import math_grading
+
+    monkeypatch.setattr(math_grading._grader, "timeout_s", 1)  # the bound: 3 x 1 s + 1 s instead of 16 s
+    assert math_grading.equivalent("3", "3")
+    hung = math_grading._grader._process
+    os.kill(hung.pid, signal.SIGSTOP)
+    task = {"problem": "What is 1 + 2?", "answer": "3"}
+    outputs = play_env(tokenizer, ReplyingServer(tokenizer, "\\boxed{3}"), "math", task, response_length=32, max_turns=1)
+    assert hung.returncode == -signal.SIGKILL  # killed at the bound, not left behind
+    reasoner = [o.extra_fields for o in outputs if o.extra_fields["mas_role"] == "reasoner"]
+    assert len(reasoner) == K and all(r["mas_parse_ok"] for r in reasoner)
+    rewards = sorted(r["mas_local_reward"] for r in reasoner)
+    assert rewards[0] < rewards[1] == 1.0  # the one answer the hung child held scored as wrong
+    end = end_of(outputs)
+    assert end["mas_success"] and end["mas_end_cause"] not in ERRORS  # the episode went on, on the right branch
+    assert episode_metrics([o.extra_fields for o in outputs])["mas/episode_errors"] == 0

@@ -4,17 +4,23 @@ resumes from the checkpoint and continues the step count."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
+from kill import kill_when, tracker
 
 RECIPES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "recipes"))
 pytestmark = pytest.mark.slow
 
 
+def quickstart_env(artifacts, metrics_path) -> dict:
+    return {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)}
+
+
 def run_quickstart(artifacts, model_dir, total_steps, metrics_path, overrides=(), output=None):
-    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)}
+    env = quickstart_env(artifacts, metrics_path)
     result = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "quickstart_cpu",
          f"actor_rollout_ref.model.path={model_dir}", f"trainer.total_training_steps={total_steps}", *overrides],
@@ -37,14 +43,25 @@ def quickstart_artifacts(path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir):
+    """3 steps; then a run to 5 steps SIGKILLed once its first step (4) is logged, i.e. in step 5;
+    then the same command again, which resumes."""
     artifacts = quickstart_artifacts(tmp_path_factory.mktemp("quickstart"))
     first = run_quickstart(artifacts, tiny_model_dir, 3, artifacts / "run1.jsonl")
-    second = run_quickstart(artifacts, tiny_model_dir, 4, artifacts / "run2.jsonl")
-    return artifacts, first, second
+    killed_log = artifacts / "killed.jsonl"
+    status = kill_when(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "quickstart_cpu",
+         f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.total_training_steps=5"],
+        lambda: killed_log.exists() and killed_log.read_text().endswith("\n"),
+        cwd=artifacts, env=quickstart_env(artifacts, killed_log),
+    )
+    checkpoints = artifacts / "checkpoints" / "quickstart_cpu"
+    at_kill = tracker(checkpoints)
+    second = run_quickstart(artifacts, tiny_model_dir, 5, artifacts / "run2.jsonl")
+    return artifacts, first, second, (status, at_kill)
 
 
 def test_three_grpo_steps_with_metrics_in_the_file_logger(runs):
-    _, first, _ = runs
+    _, first, _, _ = runs
     assert [record["step"] for record in first] == [1, 2, 3]
     for record in first:
         data = record["data"]
@@ -57,17 +74,20 @@ def test_three_grpo_steps_with_metrics_in_the_file_logger(runs):
 def test_replica_stays_on_policy_after_every_update(runs):
     # Token probabilities of the rollout replica vs the actor's recomputation, both fp32: measured
     # ~1e-7 when in sync. (test_hf_rollout_server shows a replica without the sync is far off.)
-    _, first, second = runs
+    _, first, second, _ = runs
     for record in first + second:
         assert record["data"]["training/rollout_probs_diff_mean"] < 1e-5, record["step"]
 
 
-def test_second_run_resumes_and_continues_the_step_count(runs):
-    artifacts, _, second = runs
-    assert [record["step"] for record in second] == [4]
+def test_a_run_killed_mid_step_resumes_from_its_last_checkpoint_and_continues_the_step_count(runs):
+    artifacts, _, second, (status, at_kill) = runs
+    assert status == -signal.SIGKILL
+    assert at_kill >= 4  # step 4 was logged, so its checkpoint was complete (verl saves before logging)
+    # The rerun starts after the last complete checkpoint: no step trained twice, none skipped.
+    assert [record["step"] for record in second] == list(range(at_kill + 1, 6))
     checkpoints = artifacts / "checkpoints" / "quickstart_cpu"
-    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
-    assert (checkpoints / "global_step_4" / "actor").is_dir()
+    assert tracker(checkpoints) == 5
+    assert (checkpoints / "global_step_5" / "actor").is_dir()
 
 
 BF16 = ["actor_rollout_ref.rollout.dtype=bfloat16",

@@ -23,6 +23,8 @@ import copy
 import json
 import math
 import os
+import re
+import shutil
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -49,6 +51,8 @@ from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker
+
+PARTIAL_SUFFIX = ".partial"  # a step folder being written; renamed to global_step_N when complete
 
 TRAINER_MODE = "mas_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
@@ -426,25 +430,41 @@ class MASTrainer(PPOTrainerSync):
 
     def _save_checkpoint(self):
         """``global_step_N/policies/<group>/`` per worker group (weights, optimizer, scheduler; the
-        adapter group also each adapter in peft format), the dataloader, then the tracker file
-        last: a step folder without it is never resumed from."""
+        adapter group also each adapter in peft format) and the dataloader, written under a
+        temporary name and renamed when complete; then the tracker file (renamed too), then older
+        step folders beyond ``trainer.max_actor_ckpt_to_keep`` are removed. A run killed at any
+        point leaves the last complete checkpoint named by the tracker, and no partial folder under
+        a step's name."""
         trainer = self.config.trainer
-        step_dir = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
+        root = trainer.default_local_dir
+        step_dir = os.path.join(root, f"global_step_{self.global_steps}")
+        partial = step_dir + PARTIAL_SUFFIX
+        shutil.rmtree(partial, ignore_errors=True)  # left by a run killed while saving this step
         for name, group in self.groups.items():
             remote = None if trainer.default_hdfs_dir is None else os.path.join(
                 trainer.default_hdfs_dir, f"global_step_{self.global_steps}", POLICIES_DIR, name
             )
-            group.worker_group.save_checkpoint(
-                os.path.join(step_dir, POLICIES_DIR, name), remote, self.global_steps,
-                max_ckpt_to_keep=trainer.get("max_actor_ckpt_to_keep", None),
-            )
-        os.makedirs(step_dir, exist_ok=True)
-        torch.save(self.train_dataloader.state_dict(), os.path.join(step_dir, "data.pt"))
-        tracker = os.path.join(trainer.default_local_dir, "latest_checkpointed_iteration.txt")
+            # Retention is done below, over whole step folders: verl's would delete by the
+            # temporary paths it was given.
+            group.worker_group.save_checkpoint(os.path.join(partial, POLICIES_DIR, name), remote, self.global_steps, max_ckpt_to_keep=None)
+        os.makedirs(partial, exist_ok=True)
+        torch.save(self.train_dataloader.state_dict(), os.path.join(partial, "data.pt"))
+        shutil.rmtree(step_dir, ignore_errors=True)  # a stale one (e.g. a run restarted from an earlier step)
+        os.replace(partial, step_dir)
+        tracker = os.path.join(root, "latest_checkpointed_iteration.txt")
         with open(tracker + ".tmp", "w") as f:
             f.write(str(self.global_steps))
         os.replace(tracker + ".tmp", tracker)
+        self._remove_old_checkpoints(trainer.get("max_actor_ckpt_to_keep", None))
         self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=step_dir, async_save=False)
+
+    def _remove_old_checkpoints(self, keep: int | None) -> None:
+        if not keep:
+            return
+        root = self.config.trainer.default_local_dir
+        steps = sorted(int(name.split("_")[-1]) for name in os.listdir(root) if re.fullmatch(r"global_step_\d+", name))
+        for step in steps[:-keep]:
+            shutil.rmtree(os.path.join(root, f"global_step_{step}"), ignore_errors=True)
 
     def _load_checkpoint(self):
         self.global_steps = 0
