@@ -89,11 +89,13 @@ def train_to_5_killed_after_step_4_then_resume(artifacts, recipe: str, *resume_o
     once step 4 is checkpointed, then resume; the resumed run's metrics."""
     checkpoints = artifacts / "checkpoints" / recipe
     env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(artifacts / f"{recipe}_killed.jsonl")}
+    # Every step folder kept (later tests choose among the 3-step run's checkpoints).
+    keep = "trainer.max_actor_ckpt_to_keep=null"
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", recipe,
-               "trainer.total_training_steps=5"]
+               "trainer.total_training_steps=5", keep]
     status = kill_when(command, lambda: tracker(checkpoints) == 4, cwd=artifacts, env=env)  # mid step 5 (or its first moments)
     assert status == -signal.SIGKILL and tracker(checkpoints) == 4
-    metrics = run_recipe(artifacts, recipe, "trainer.total_training_steps=5", *resume_overrides)
+    metrics = run_recipe(artifacts, recipe, "trainer.total_training_steps=5", keep, *resume_overrides)
     assert [m["step"] for m in metrics if m["step"] == 5] == [5] and metrics[-1]["step"] == 5
     assert tracker(checkpoints) == 5
     return metrics

@@ -244,14 +244,15 @@ def enter_private_filesystem() -> str | None:
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below propagates to the host
         os.makedirs(_PRIVATE_ROOT, exist_ok=True)
         _mount("tmpfs", _PRIVATE_ROOT, "tmpfs", _MS_NOSUID, "mode=755")
+        # The runs' writable /tmp first: an interpreter or venv under /tmp is bound inside it below.
+        os.makedirs(_PRIVATE_ROOT + "/tmp")
+        _mount("tmpfs", _PRIVATE_ROOT + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
         for path in _readable_trees() + [device for device in _DEVICES if os.path.exists(device)]:
             _bind_read_only(path, _PRIVATE_ROOT)
         for link in [*_SYSTEM_LIBRARIES, sys.prefix, sys.base_prefix]:
             if os.path.islink(link) and not os.path.lexists(_PRIVATE_ROOT + link):
                 os.makedirs(os.path.dirname(_PRIVATE_ROOT + link), exist_ok=True)
                 os.symlink(os.readlink(link), _PRIVATE_ROOT + link)
-        os.makedirs(_PRIVATE_ROOT + "/tmp", exist_ok=True)
-        _mount("tmpfs", _PRIVATE_ROOT + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
         # Read-only from here on: runs that keep the server's uid own the tmpfs, and must not leave
         # files in it for later runs.
         _mount(None, _PRIVATE_ROOT, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID)
