@@ -57,15 +57,19 @@ def _not_traversable_ancestor(path: str) -> str | None:
 
 
 def _expose(paths: list[str]) -> None:
-    """In this (private) mount namespace, make each path reachable by a normal user."""
-    for path in paths:
+    """In this (private) mount namespace, make each path reachable by a normal user. All are set
+    aside before any directory is covered: two of them may sit under the same hidden one."""
+    moves = []
+    for index, path in enumerate(paths):
         hidden = _not_traversable_ancestor(path)
-        if hidden is None:
-            continue
-        stash = f"/tmp/normal-user-stash-{os.getpid()}"
-        os.makedirs(stash, exist_ok=True)
-        subprocess.run(["mount", "--bind", path, stash], check=True)
+        if hidden is not None:
+            stash = f"/tmp/normal-user-stash-{os.getpid()}-{index}"
+            os.makedirs(stash)
+            subprocess.run(["mount", "--bind", path, stash], check=True)
+            moves.append((hidden, stash, path))
+    for hidden in dict.fromkeys(hidden for hidden, _, _ in moves):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", hidden], check=True)
+    for _, stash, path in moves:
         os.makedirs(path, exist_ok=True)
         subprocess.run(["mount", "--move", stash, path], check=True)
         os.rmdir(stash)
