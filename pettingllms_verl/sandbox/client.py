@@ -282,7 +282,7 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
                 reply = server.call(request, timeout_s=limits.wall_s + _REPLY_GRACE_S)
         except TimeoutError as exc:
             raise RuntimeError("sandbox fork server did not reply in time") from exc
-        except ConnectionError as exc:
+        except OSError as exc:  # the server died (peer closed), or a concurrent caller that found it dead closed its sockets (EBADF)
             failure = exc
             _discard_if_dead(server)
             continue
