@@ -208,8 +208,8 @@ def test_a_sandbox_server_killed_mid_step_is_replaced_and_costs_no_episode(token
     outputs = play_env(tokenizer, server, "plan_path", source.task, max_turns=1, size=4)
     assert killed.returncode == -9 and client._current_server().process is not killed
     tool = [o.extra_fields for o in outputs if o.extra_fields["mas_role"] == "tool"]
-    assert len(tool) == K and all(t["mas_sandbox_runs"] == {"ok": 1} for t in tool)  # every program ran
     end = end_of(outputs)
+    assert len(tool) == K and all(t["mas_sandbox_runs"] == {"ok": 1} for t in tool), end  # every program ran
     assert end["mas_end_cause"] not in ERRORS and len(outputs) == K * ROLES_PER_TURN
     metrics = episode_metrics([o.extra_fields for o in outputs])
     assert metrics["mas/episode_errors"] == 0 and metrics["mas/tool/sandbox/ok"] == K
