@@ -30,7 +30,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from pettingllms_verl import envs
 from pettingllms_verl.data.rows import task_row
-from pettingllms_verl.envs.plan_path import PlanPathEnv
+from pettingllms_verl.envs.plan_path.env import PlanPathEnv
 from pettingllms_verl.models.tiny import build
 from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
 from pettingllms_verl.rollout.episode import ERRORS

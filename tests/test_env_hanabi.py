@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pettingllms_verl.agents.hanabi import Action, parse_action
+from pettingllms_verl.envs.hanabi.prompts import Action, parse_action
 from pettingllms_verl.envs import make
-from pettingllms_verl.envs.hanabi import (
+from pettingllms_verl.envs.hanabi.env import (
     FULL_DECK,
     INVALID_PENALTY,
     MISPLAY_PENALTY,

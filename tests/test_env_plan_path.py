@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pettingllms_verl.envs import make
-from pettingllms_verl.envs import plan_path as pp
-from pettingllms_verl.envs.tool_plan import PARSE_PENALTY, TOOL_FAILURE_PENALTY
+from pettingllms_verl.envs.plan_path import env as pp
+from pettingllms_verl.envs.base import PARSE_PENALTY, TOOL_FAILURE_PENALTY
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pettingllms_verl.envs import make
-from pettingllms_verl.envs import sokoban as sk
-from pettingllms_verl.envs.tool_plan import PARSE_PENALTY
+from pettingllms_verl.envs.sokoban import env as sk
+from pettingllms_verl.envs.base import PARSE_PENALTY
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

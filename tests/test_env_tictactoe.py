@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pettingllms_verl.agents.tictactoe import parse_cell
+from pettingllms_verl.envs.tictactoe.prompts import parse_cell
 from pettingllms_verl.envs import make
-from pettingllms_verl.envs.tictactoe import (
+from pettingllms_verl.envs.tictactoe.env import (
     DRAW,
     INVALID_PENALTY,
     LINES,

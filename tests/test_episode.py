@@ -232,7 +232,7 @@ def test_sandbox_runs_reach_the_metrics_per_role_and_status():
 def test_the_loser_of_a_game_is_credited_on_its_last_move():
     """MAS Tic-Tac-Toe: x wins on its third move; o's LOSS is added to o's last chosen reply (the move
     that let x win), not only reported on x's winning step."""
-    from pettingllms_verl.envs.tictactoe import LOSS, WIN
+    from pettingllms_verl.envs.tictactoe.env import LOSS, WIN
 
     script = {"x": iter(["0", "1", "2"]), "o": iter(["3", "4"])}
 

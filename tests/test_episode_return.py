@@ -55,7 +55,7 @@ TOP_ROW = ["<answer>0</answer>", "<answer>1</answer>", "<answer>2</answer>"]
 
 
 def _hanabi_task():
-    from pettingllms_verl.envs.hanabi import FULL_DECK, SMALL_DECK, full_deck
+    from pettingllms_verl.envs.hanabi.env import FULL_DECK, SMALL_DECK, full_deck
 
     rules = {**FULL_DECK, **SMALL_DECK}
     prefix = ["R1", "R2", "R3", "Y1", "Y2", "Y3"]

@@ -15,7 +15,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from pettingllms_verl import envs
 from pettingllms_verl.data.rows import task_row
-from pettingllms_verl.envs.plan_path import PlanPathEnv
+from pettingllms_verl.envs.plan_path.env import PlanPathEnv
 from pettingllms_verl.rollout import agent_loop
 from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
 from pettingllms_verl.rollout.episode import ERRORS
@@ -220,7 +220,7 @@ def test_a_hanging_grader_is_killed_and_only_the_answer_it_held_counts_as_wrong(
     are graded: the wait ends at the caller's bound, the hung child is killed and that one answer
     counts as wrong; the other branch's (identical, right) answer is graded by a fresh child, and
     the episode plays out with no error."""
-    from pettingllms_verl.envs import math_grading
+    from pettingllms_verl.envs.math import grading as math_grading
 
     monkeypatch.setattr(math_grading._grader, "timeout_s", 1)  # the bound: 3 x 1 s + 1 s instead of 16 s
     assert math_grading.equivalent("3", "3")

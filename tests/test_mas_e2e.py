@@ -134,12 +134,13 @@ def team_artifacts(artifacts):
     """Warm-started tiny models for math and code; math's shipped problems; for code, problems that
     one of the warm-start programs (``print(input())``) solves, so a passing program is likely."""
     from pettingllms_verl.data.sources import disjoint_splits, write_splits
-    from pettingllms_verl.envs.math import fixture_tasks
+    from pettingllms_verl.envs.base import fixture_tasks
+    from pettingllms_verl.envs.math.env import FIXTURE
     from pettingllms_verl.models.tiny import build, warm_start
 
     for env in ("math", "code"):
         warm_start(build(str(artifacts / f"tiny_model_{env}"), seed=0), env, seed=0)
-    math_tasks = list(fixture_tasks())
+    math_tasks = list(fixture_tasks(FIXTURE))
     write_splits(disjoint_splits("math", math_tasks[4:], math_tasks[:4], None, None, val=4), str(artifacts / "data" / "math_fixture"), "team_artifacts")
     words = ["apple", "river stone", "42", "a b c", "hello world", "x", "tic tac", "7 8 9", "moon", "blue sky"]
     echo = [{"problem": f"Read one line and print it unchanged (set {i}).", "solution": "print(input())",
@@ -161,7 +162,7 @@ def run_team(artifacts, recipe: str, roles: set[str]) -> dict[str, list[dict]]:
 
 
 def test_code_team_programs_run_in_the_sandbox_inside_ray_and_their_pass_rates_reach_the_batch(team_artifacts):
-    from pettingllms_verl.envs.code import PARSE_PENALTY
+    from pettingllms_verl.envs.base import PARSE_PENALTY
 
     roles = run_team(team_artifacts, "code_mas_atgrpo_cpu", {"tester", "coder"})
     for row in roles["tester"] + roles["coder"]:
@@ -173,7 +174,7 @@ def test_code_team_programs_run_in_the_sandbox_inside_ray_and_their_pass_rates_r
 
 
 def test_math_team_programs_and_answers_are_graded_inside_ray(team_artifacts):
-    from pettingllms_verl.envs.math import PARSE_PENALTY, TOOL_FAILURE_PENALTY
+    from pettingllms_verl.envs.base import PARSE_PENALTY, TOOL_FAILURE_PENALTY
 
     roles = run_team(team_artifacts, "math_mas_atgrpo_cpu", {"tool", "reasoner"})
     assert {r["mas_local_reward"] for r in roles["tool"]} <= {1.0, 0.0, TOOL_FAILURE_PENALTY, PARSE_PENALTY}

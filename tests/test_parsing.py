@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pettingllms_verl.agents.parsing import (
+from pettingllms_verl.envs.text import (
     DIRECTION_ALIASES,
     answer_text,
     extract_code,

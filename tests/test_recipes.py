@@ -1,8 +1,8 @@
 """Every recipe in recipes/*.yaml composes with Hydra and passes verl's own config checks plus ours.
 
-No GPU, no network: recipes are composed with Hydra's compose API (the recipe's searchpath must find
-verl's ``ppo_trainer``), validated with what ``verl.trainer.main_ppo`` and the V1 trainer run before
-any worker starts, and their datasets are generated (2 rows per split) with the data_prep command
+No GPU, no network: recipes are composed with Hydra's compose API (this package's Hydra plugin must
+put verl's ``ppo_trainer`` on the search path), validated with what ``verl.trainer.main_ppo`` and the
+V1 trainer run before any worker starts, and their datasets are generated (2 rows per split) with the data_prep command
 each recipe documents, so a wrong key, wrong batch arithmetic, a bad value or a data path that no
 data_prep command writes fails here rather than minutes into a run.
 """
@@ -38,6 +38,21 @@ def test_recipe_names_follow_the_scheme():
     # A recipe that is neither the quickstart nor <env>_<mode>_<target> would skip the per-mode checks below.
     assert set(RECIPES) - set(EPISODE_RECIPES) == {"quickstart_cpu"}
     assert len(GPU_RECIPES) >= 12
+
+
+def test_the_hydra_plugin_puts_verl_and_the_recipes_on_every_search_path():
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.search_path_plugin import SearchPathPlugin
+
+    from hydra_plugins.pettingllms_verl_searchpath import PATHS
+
+    # Hydra loads plugin modules itself (another class object than an import's): compare names
+    found = {f"{plugin.__module__}.{plugin.__name__}" for plugin in Plugins.instance().discover(SearchPathPlugin)}
+    assert "hydra_plugins.pettingllms_verl_searchpath.PettingLLMsSearchPathPlugin" in found
+    assert PATHS == ("pkg://verl.trainer.config", "pkg://pettingllms_verl.recipes")
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):  # the header lives in base/pettingllms.yaml, once
+        text = path.read_text()
+        assert "hydra:" not in text and "\n  - base/pettingllms\n" in text, path.name
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +186,8 @@ def test_passes_verl_validation(name, recipe):
     from verl.workers.config import CheckpointEngineConfig, RolloutConfig
 
     cfg, hydra_cfg = recipe(name)
-    assert "pkg://verl.trainer.config" in hydra_cfg.searchpath
-    assert hydra_cfg.callbacks.preflight._target_ == PREFLIGHT
+    assert not hydra_cfg.searchpath  # the package's Hydra plugin adds it (hydra_plugins/): not copied per recipe
+    assert hydra_cfg.callbacks.preflight._target_ == PREFLIGHT  # from base/pettingllms, first in every defaults list
     # what main_ppo runs before Ray starts: batch arithmetic, micro-batch settings, ActorConfig(.validate)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     # the dataclass conversions the V1 trainer and agent loop workers run (each __post_init__ checks values)
@@ -251,7 +266,7 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
             assert (len(board), len(board[0])) == (int(size[1]), int(size[2]))
         deck = re.search(r"^hanabi_(small|full)$", data_dir.name)
         if deck:  # a hanabi deck variant holds games with that deck
-            from pettingllms_verl.envs.hanabi import FULL_DECK, SMALL_DECK
+            from pettingllms_verl.envs.hanabi.env import FULL_DECK, SMALL_DECK
 
             rules = SMALL_DECK if deck[1] == "small" else FULL_DECK
             assert {key: task[key] for key in rules} == rules
@@ -353,7 +368,7 @@ def test_gpu_prompts_fit_max_prompt_length(name, recipe, datasets):
     import pandas as pd
 
     from pettingllms_verl import envs
-    from pettingllms_verl.agents import tool_plan
+    from pettingllms_verl.envs import text, tool_plan
     from pettingllms_verl.data.rows import row_task
 
     cfg, _ = recipe(name)
@@ -362,7 +377,7 @@ def test_gpu_prompts_fit_max_prompt_length(name, recipe, datasets):
     env.reset(seed=seed, task=task)
     if _is_tool_plan(env_name):
         worst = tool_plan.plan_messages(
-            env.prompts, env.view(), "x" * tool_plan.MAX_TOOL_CODE_CHARS, "y" * tool_plan.MAX_TOOL_OUTPUT_CHARS
+            env.prompts, env.view(), "x" * text.MAX_TOOL_CODE_CHARS, "y" * text.MAX_TOOL_OUTPUT_CHARS
         )
         prompts = [worst, env.observation("tool"), env.observation("plan")]
     else:

@@ -22,7 +22,8 @@ import pickle
 import zlib
 
 from pettingllms_verl.data.sources import SourceError, add_split_arguments, column, load_records, prepare_splits
-from pettingllms_verl.envs.code import fixture_tasks
+from pettingllms_verl.envs.base import fixture_tasks
+from pettingllms_verl.envs.code.env import FIXTURE
 
 FIXTURE_TEST_EVERY = 4  # fixture problems 0, 4, 8, ... are its test part
 CODE_CONTESTS_PYTHON3 = 3  # deepmind/code_contests language id of Python 3
@@ -101,7 +102,7 @@ def load_tasks(source: str, split: str, lcb_version: str, max_train_tests: int) 
     training problems cut to ``max_train_tests`` tests."""
     known = presets(lcb_version)
     if source == "fixture":
-        tasks = [dict(t) for i, t in enumerate(fixture_tasks()) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
+        tasks = [dict(t) for i, t in enumerate(fixture_tasks(FIXTURE)) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
     elif source in known:
         source, convert = known[source]
         tasks = [convert(row) for row in load_records(source)]

@@ -8,7 +8,7 @@ import argparse
 import os
 
 from pettingllms_verl.data.rows import write_parquet
-from pettingllms_verl.envs.hanabi import SMALL_DECK
+from pettingllms_verl.envs.hanabi.env import SMALL_DECK
 from pettingllms_verl.envs.splits import generate_splits
 
 

@@ -13,7 +13,8 @@ A train problem whose text also appears in the test set is dropped (the splits s
 import argparse
 
 from pettingllms_verl.data.sources import add_split_arguments, column, load_records, prepare_splits
-from pettingllms_verl.envs.math import fixture_tasks
+from pettingllms_verl.envs.base import fixture_tasks
+from pettingllms_verl.envs.math.env import FIXTURE
 
 # preset -> (hub source, problem column, answer column)
 PRESETS = {
@@ -35,7 +36,7 @@ def answer_text(value) -> str:
 def load_tasks(source: str, split: str, problem_key: str, answer_key: str) -> list[dict]:
     """``{"problem", "answer"}`` dicts of one source."""
     if source == "fixture":
-        tasks = fixture_tasks()
+        tasks = fixture_tasks(FIXTURE)
         return [t for i, t in enumerate(tasks) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
     if source in PRESETS:
         source, problem_key, answer_key = PRESETS[source]

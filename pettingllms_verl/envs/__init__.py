@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import importlib
 
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow
+from pettingllms_verl.envs.base import Env, StepResult, Workflow
+from pettingllms_verl.envs.text import Messages
 
 # name -> "module:Class"; modules are imported on first use so a missing optional dependency of
 # one environment never breaks another.
 _ENVS: dict[str, str] = {
-    "plan_path": "pettingllms_verl.envs.plan_path:PlanPathEnv",
-    "sokoban": "pettingllms_verl.envs.sokoban:SokobanEnv",
-    "sudoku": "pettingllms_verl.envs.sudoku:SudokuEnv",
-    "tictactoe": "pettingllms_verl.envs.tictactoe:TicTacToeEnv",
-    "hanabi": "pettingllms_verl.envs.hanabi:HanabiEnv",
-    "math": "pettingllms_verl.envs.math:MathEnv",
-    "code": "pettingllms_verl.envs.code:CodeEnv",
+    "plan_path": "pettingllms_verl.envs.plan_path.env:PlanPathEnv",
+    "sokoban": "pettingllms_verl.envs.sokoban.env:SokobanEnv",
+    "sudoku": "pettingllms_verl.envs.sudoku.env:SudokuEnv",
+    "tictactoe": "pettingllms_verl.envs.tictactoe.env:TicTacToeEnv",
+    "hanabi": "pettingllms_verl.envs.hanabi.env:HanabiEnv",
+    "math": "pettingllms_verl.envs.math.env:MathEnv",
+    "code": "pettingllms_verl.envs.code.env:CodeEnv",
 }
 
 

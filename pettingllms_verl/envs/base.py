@@ -1,19 +1,29 @@
 """The environment contract: what every environment implements (this module is its reference).
 
 An environment is pure Python and deterministic given its seed. It speaks text at its edge
-(chat messages out, a model's reply in) but never calls a model: prompt wording and reply
-parsing for each role live in ``pettingllms_verl.agents``; the environment only decides what a
-parsed action does to the state and what it is worth.
+(chat messages out, a model's reply in) but never calls a model. Each environment is a package
+``envs/<name>/``: ``env.py`` decides what a parsed action does to the state and what it is worth;
+``prompts.py`` holds what each role is shown and how its replies are read (with the shared parsers
+of ``envs.text``). This module and ``text`` are shared and import nothing of any environment.
 """
 
 from __future__ import annotations
 
 import abc
+import json
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
 from typing import Any, ClassVar
 
-Messages = list[dict[str, str]]
+from pettingllms_verl.envs.text import Messages
+
+# Rewards and limits common to the environments whose replies are parsed or run as programs.
+PARSE_PENALTY = -0.5  # a reply with nothing readable in it (the state is unchanged)
+TOOL_FAILURE_PENALTY = -0.25  # a tool program that crashes, times out, or prints nothing usable
+# Sandbox limits of a tool agent's program; the env option "tool_limits" overrides them.
+DEFAULT_TOOL_LIMITS = {"wall_s": 5.0, "cpu_s": 3, "memory_mb": 512, "max_output_bytes": 16_384}
 
 
 @dataclass(frozen=True)
@@ -91,9 +101,15 @@ class Env(abc.ABC):
     def step(self, role: str, text: str) -> StepResult:
         """Apply ``role``'s reply. Never raises on any ``text``."""
 
-    @abc.abstractmethod
     def clone(self) -> Env:
-        """An independent copy of the current state (cheap: no deep copy of shared config)."""
+        """An independent copy of the current state (cheap: no deep copy of shared config).
+
+        This default copies ``__dict__`` shallowly, which is independent while every per-episode
+        field is immutable (str, int, tuple, None) and per-task tables are never mutated; an env
+        with a mutable field overrides it and copies that field too."""
+        twin = object.__new__(type(self))
+        twin.__dict__ = self.__dict__.copy()
+        return twin
 
     @abc.abstractmethod
     def workflow(self, mode: str) -> Workflow:
@@ -124,3 +140,10 @@ def workflow_for(mode: str, mas: tuple[str, ...], sa: tuple[str, ...], max_turns
 def ignored(reason: str) -> StepResult:
     """The result of a reply that changes nothing and earns nothing (episode over, not the role's turn)."""
     return StepResult(0.0, True, {"ignored": reason})
+
+
+@lru_cache(maxsize=None)
+def fixture_tasks(filename: str) -> tuple[dict, ...]:
+    """An offline task set shipped with the package (``pettingllms_verl/data/<filename>``, JSONL)."""
+    text = resources.files("pettingllms_verl.data").joinpath(filename).read_text()
+    return tuple(json.loads(line) for line in text.splitlines() if line.strip())

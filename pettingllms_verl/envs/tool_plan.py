@@ -14,27 +14,67 @@ Rewards common to every puzzle:
 A plan reply ends a turn (parsed or not); the episode is done when solved or after
 ``max_turns`` turns. Replies after that are ignored (reward 0).
 
-Cloning is a shallow copy of ``__dict__``: subclasses keep every per-episode field immutable
-(ints, tuples, strings) and never mutate the per-task tables they share with their clones, so the
-copy is independent and costs about a microsecond.
+Shared by the three puzzles (not an environment itself): the turn flow and rewards above, and the
+prompt template each puzzle fills with its own wording (``PuzzlePrompts``, in its ``prompts.py``).
+Cloning is ``Env``'s shallow copy of ``__dict__``: subclasses keep every per-episode field
+immutable (ints, tuples, strings) and never mutate the per-task tables they share with their
+clones, so the copy is independent and costs about a microsecond.
 """
 
 from __future__ import annotations
 
 import abc
 import json
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
-from pettingllms_verl.agents.parsing import extract_code
-from pettingllms_verl.agents.tool_plan import PuzzlePrompts, plan_messages, tool_messages
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, sandbox_runs, workflow_for
+from pettingllms_verl.envs.base import (
+    DEFAULT_TOOL_LIMITS, PARSE_PENALTY, TOOL_FAILURE_PENALTY, Env, StepResult, Workflow, ignored, sandbox_runs, workflow_for,
+)
+from pettingllms_verl.envs.text import Messages, extract_code, tool_section
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 
-PARSE_PENALTY = -0.5
-TOOL_FAILURE_PENALTY = -0.25
 
-# Sandbox limits of a tool program; override with the env config key "tool_limits".
-DEFAULT_TOOL_LIMITS = {"wall_s": 5.0, "cpu_s": 3, "memory_mb": 512, "max_output_bytes": 16_384}
+@dataclass(frozen=True)
+class PuzzlePrompts:
+    """Puzzle-specific wording.
+
+    rules: the puzzle and its actions, for both roles.
+    answer_format: how the plan agent writes its final actions.
+    output_format: what the tool's program must print.
+    state_schema: the JSON the tool's program receives on stdin.
+    render: the current state (the env's ``view()`` dict) as text for the prompt.
+    """
+
+    rules: str
+    answer_format: str
+    output_format: str
+    state_schema: str
+    render: Callable[[dict], str]
+
+
+def tool_messages(prompts: PuzzlePrompts, view: dict) -> Messages:
+    system = (
+        f"{prompts.rules}\n\nYou are the tool agent. Write a short Python program in one ```python block. "
+        f"It reads the current state from stdin as JSON: {prompts.state_schema}. "
+        f"It must print {prompts.output_format}. It runs in a sandbox with a few seconds of CPU; "
+        "its answer is tried on a copy of the puzzle and shown to the plan agent."
+    )
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"{prompts.render(view)}\n\nWrite the program."},
+    ]
+
+
+def plan_messages(prompts: PuzzlePrompts, view: dict, tool_code: str | None, tool_output: str | None) -> Messages:
+    """Plan agent's messages; the tool section appears only once a tool has run (never in SA)."""
+    user = prompts.render(view)
+    if tool_code is not None:
+        user += tool_section(tool_code, tool_output)
+    return [
+        {"role": "system", "content": f"{prompts.rules}\n\n{prompts.answer_format}"},
+        {"role": "user", "content": user},
+    ]
 
 
 class ToolPlanEnv(Env):
@@ -121,8 +161,3 @@ class ToolPlanEnv(Env):
         trial = self.clone()
         reward, info = trial.apply(actions)
         return StepResult(reward, True, {"tool_status": "ok", "would_solve": trial.success, **info, **ran})
-
-    def clone(self) -> ToolPlanEnv:
-        twin = object.__new__(type(self))
-        twin.__dict__ = self.__dict__.copy()
-        return twin

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 
-from pettingllms_verl.envs.plan_path import MOVE_DELTAS, bfs_distances
+from pettingllms_verl.envs.plan_path.env import MOVE_DELTAS, bfs_distances
 
 # Both programs read the state ({"grid", "pos", "goal"}) as JSON on stdin and print moves.
 BFS_PROGRAM = """import json

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
-from pettingllms_verl.envs.base import SANDBOX_RUNS, Env, Messages
+from pettingllms_verl.envs.base import SANDBOX_RUNS, Env
+from pettingllms_verl.envs.text import Messages
 
 # Why an episode ended: None = the environment finished it.
 TRUNCATIONS = ("max_turns", "prompt_overflow")  # out of turns | a prompt over the rollout's prompt budget

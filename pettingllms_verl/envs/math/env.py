@@ -2,7 +2,7 @@
 answers (problems of the AIME, OlympiadBench, DeepScaleR kind).
 
 Task: ``{"problem": str, "answer": str}``, the gold final answer in LaTeX or plain text, without
-``\\boxed``. Answers are compared with math-verify (``math_grading``), never by string equality.
+``\\boxed``. Answers are compared with math-verify (``grading``), never by string equality.
 
 Roles. MAS, each turn: ``tool`` then ``reasoner``.
 - tool: one ```python block, run in the sandbox with no input; its answer is the last ``\\boxed{}``
@@ -22,29 +22,18 @@ package (offline tests and the tiny tokenizer's corpus).
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from importlib import resources
 from typing import Any, ClassVar
 
-from pettingllms_verl.agents import math as prompts
-from pettingllms_verl.agents.parsing import extract_code, last_boxed
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, sandbox_runs, workflow_for
-from pettingllms_verl.envs.math_grading import MAX_ANSWER_CHARS, equivalent
+from pettingllms_verl.envs.base import (
+    DEFAULT_TOOL_LIMITS, PARSE_PENALTY, TOOL_FAILURE_PENALTY, Env, StepResult, Workflow, fixture_tasks, ignored, sandbox_runs, workflow_for,
+)
+from pettingllms_verl.envs.math import prompts
+from pettingllms_verl.envs.math.grading import MAX_ANSWER_CHARS, equivalent
+from pettingllms_verl.envs.text import Messages, extract_code, last_boxed
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 
-PARSE_PENALTY = -0.5
-TOOL_FAILURE_PENALTY = -0.25
 DEFAULT_MAX_TURNS = 3
-# Sandbox limits of a tool program; override with the env config key "tool_limits".
-DEFAULT_TOOL_LIMITS = {"wall_s": 5.0, "cpu_s": 3, "memory_mb": 512, "max_output_bytes": 16_384}
-
-
-@lru_cache(maxsize=1)
-def fixture_tasks() -> tuple[dict, ...]:
-    """The offline problem set shipped with the package (simple, hand-checked answers)."""
-    text = resources.files("pettingllms_verl.data").joinpath("math_fixture.jsonl").read_text()
-    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
+FIXTURE = "math_fixture.jsonl"  # the offline problem set shipped with the package (simple, hand-checked answers)
 
 
 def output_answer(stdout: str) -> str | None:
@@ -60,6 +49,7 @@ class MathEnv(Env):
     name: ClassVar[str] = "math"
     roles: ClassVar[tuple[str, ...]] = ("tool", "reasoner")
     runs_model_code: ClassVar[bool] = True
+    # clone: Env's shallow copy (every per-episode field is an immutable str/int/bool/None)
 
     options = {
         "max_turns": "turns per episode (each turn: every role of the workflow acts once)",
@@ -73,7 +63,7 @@ class MathEnv(Env):
 
     def reset(self, seed: int, task: dict | None = None) -> None:
         if task is None:
-            tasks = fixture_tasks()
+            tasks = fixture_tasks(FIXTURE)
             task = tasks[seed % len(tasks)]
         if not isinstance(task.get("problem"), str) or not isinstance(task.get("answer"), str):
             raise ValueError(f"math task needs string 'problem' and 'answer', got keys {sorted(task)}")
@@ -137,9 +127,3 @@ class MathEnv(Env):
             result = StepResult(1.0 if self.success else 0.0, True, {"correct": self.success, "agreed": agreed})
         self.done = self.done or self.turn >= self.max_turns
         return result
-
-    def clone(self) -> MathEnv:
-        # every per-episode field is an immutable str/int/bool/None: a shallow copy is independent
-        twin = object.__new__(MathEnv)
-        twin.__dict__ = self.__dict__.copy()
-        return twin

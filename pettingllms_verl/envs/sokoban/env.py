@@ -1,4 +1,4 @@
-"""Sokoban (tool + plan agents, see tool_plan.py): push every box onto a target.
+"""Sokoban (tool + plan agents, see ../tool_plan.py): push every box onto a target.
 
 Task: ``{"room": [XSB rows], "max_steps": n}``: ``#`` wall, `` `` floor, ``.`` target, ``$`` box,
 ``*`` box on target, ``@`` player, ``+`` player on target. ``max_steps`` is the move budget of the
@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
 
-from pettingllms_verl.agents import sokoban as agents
-from pettingllms_verl.agents.parsing import DIRECTION_ALIASES, parse_moves
+from pettingllms_verl.envs.sokoban.prompts import PROMPTS
+from pettingllms_verl.envs.text import DIRECTION_ALIASES, parse_moves
 from pettingllms_verl.envs.tool_plan import ToolPlanEnv
 
 STEP_COST = -0.01
@@ -197,7 +196,7 @@ def generate_task(
 
 class SokobanEnv(ToolPlanEnv):
     name = "sokoban"
-    prompts = agents.PROMPTS
+    prompts = PROMPTS
     default_max_turns = 4
     options = {
         **ToolPlanEnv.options,

@@ -41,9 +41,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pettingllms_verl.agents import hanabi as agent
-from pettingllms_verl.agents.hanabi import Action
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
+from pettingllms_verl.envs.base import Env, StepResult, Workflow, ignored, workflow_for
+from pettingllms_verl.envs.hanabi import prompts
+from pettingllms_verl.envs.hanabi.prompts import Action
+from pettingllms_verl.envs.text import Messages
 
 PLAY_REWARD = 1.0
 MISPLAY_PENALTY = -1.0
@@ -155,7 +156,7 @@ class HanabiEnv(Env):
         }
 
     def observation(self, role: str) -> Messages:
-        return agent.messages(self.view(role))
+        return prompts.messages(self.view(role))
 
     def step(self, role: str, text: str) -> StepResult:
         seat = self._seat(role)
@@ -163,11 +164,11 @@ class HanabiEnv(Env):
             return ignored("episode is done")
         if seat != self.current:
             return ignored(f"not {role}'s turn")
-        action = agent.parse_action(text)
+        action = prompts.parse_action(text)
         if action is None:
             reward, info = INVALID_PENALTY, {"invalid": "no action"}
         elif (reason := self._illegal(seat, action)) is not None:
-            reward, info = INVALID_PENALTY, {"invalid": reason, "action": agent.format_action(action)}
+            reward, info = INVALID_PENALTY, {"invalid": reason, "action": prompts.format_action(action)}
         else:
             reward, info = self._apply(seat, action)
         if "invalid" in info:
@@ -177,8 +178,7 @@ class HanabiEnv(Env):
         return StepResult(reward, action is not None, info)
 
     def clone(self) -> HanabiEnv:
-        twin = object.__new__(type(self))
-        twin.__dict__ = self.__dict__.copy()
+        twin = super().clone()
         twin.deck = self.deck[:]
         twin.hands = [hand[:] for hand in self.hands]
         twin.knowledge = [cards[:] for cards in self.knowledge]
@@ -202,7 +202,7 @@ class HanabiEnv(Env):
         if action.kind == "hint_color" and action.value not in self.colors:
             return f"no colour {action.value} in this game"
         if not any(self._matches(card, action) for card in self.hands[1 - seat]):
-            return f"{agent.format_action(action)} touches no card"
+            return f"{prompts.format_action(action)} touches no card"
         return None
 
     def _apply(self, seat: int, action: Action) -> tuple[float, dict]:
@@ -228,7 +228,7 @@ class HanabiEnv(Env):
         if self.deck:
             self.hands[seat].append(self.deck.pop())
             self.knowledge[seat].append(self.unknown)
-        return reward, {"action": agent.format_action(action), "outcome": outcome, "card": card}
+        return reward, {"action": prompts.format_action(action), "outcome": outcome, "card": card}
 
     def _hint(self, seat: int, action: Action) -> tuple[float, dict]:
         partner = 1 - seat
@@ -249,7 +249,7 @@ class HanabiEnv(Env):
         slots = ", ".join(map(str, touched))
         self.log.append((self.roles[seat], "hint", f"{kind} {action.value} is slot(s) {slots}"))
         useful = any(self.playable(self.hands[partner][i]) for i in touched)
-        return (USEFUL_HINT_REWARD if useful else 0.0), {"action": agent.format_action(action), "touched": touched}
+        return (USEFUL_HINT_REWARD if useful else 0.0), {"action": prompts.format_action(action), "touched": touched}
 
     def _matches(self, card: str, action: Action) -> bool:
         return card[0] == action.value if action.kind == "hint_color" else int(card[1:]) == action.value
@@ -276,8 +276,8 @@ class HanabiEnv(Env):
 
 def _check_rules(rules: dict) -> None:
     colors = rules.get("colors")
-    if not isinstance(colors, str) or not colors or len(set(colors)) != len(colors) or not set(colors) <= set(agent.COLOR_NAMES):
-        raise ValueError(f"hanabi: colors must be distinct letters of {''.join(agent.COLOR_NAMES)}, got {colors!r}")
+    if not isinstance(colors, str) or not colors or len(set(colors)) != len(colors) or not set(colors) <= set(prompts.COLOR_NAMES):
+        raise ValueError(f"hanabi: colors must be distinct letters of {''.join(prompts.COLOR_NAMES)}, got {colors!r}")
     if not 2 <= rules.get("max_rank", 0) <= 9:
         raise ValueError("hanabi: max_rank must be 2-9")
     if not all(isinstance(rules.get(k), int) and rules[k] >= 1 for k in ("hand_size", "info_tokens", "fuse_tokens")):

@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from pettingllms_verl.agents.parsing import answer_text, int_or_none
-from pettingllms_verl.envs.base import Messages
+from pettingllms_verl.envs.text import Messages, answer_text, int_or_none
 
 COLOR_NAMES = {"R": "red", "Y": "yellow", "G": "green", "W": "white", "B": "blue"}
 _COLOR_WORDS = {**{name: c for c, name in COLOR_NAMES.items()}, **{c.lower(): c for c in COLOR_NAMES}}

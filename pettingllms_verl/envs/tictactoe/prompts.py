@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pettingllms_verl.agents.parsing import last_int
-from pettingllms_verl.envs.base import Messages
+from pettingllms_verl.envs.text import Messages, last_int
 
 SYSTEM = (
     "You play Tic-Tac-Toe on a 3x3 board as {mark}. Cells are numbered 0-8 row by row; an empty "

@@ -33,8 +33,9 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
-from pettingllms_verl.agents import tictactoe as agent
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, workflow_for
+from pettingllms_verl.envs.base import Env, StepResult, Workflow, ignored, workflow_for
+from pettingllms_verl.envs.text import Messages
+from pettingllms_verl.envs.tictactoe import prompts
 
 EMPTY = "."
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
@@ -149,7 +150,7 @@ class TicTacToeEnv(Env):
 
     def observation(self, role: str) -> Messages:
         self.check_role(role)
-        return agent.messages(self.board, role, None if self.done else self.to_move)
+        return prompts.messages(self.board, role, None if self.done else self.to_move)
 
     def step(self, role: str, text: str) -> StepResult:
         self.check_role(role)
@@ -157,7 +158,7 @@ class TicTacToeEnv(Env):
             return ignored("episode is done")
         if role != self.to_move:
             return ignored(f"not {role}'s turn")
-        cell = agent.parse_cell(text)
+        cell = prompts.parse_cell(text)
         reward, info = 0.0, {}
         if cell is None:
             reward, info["invalid"] = INVALID_PENALTY, "no cell 0-8"
@@ -179,8 +180,7 @@ class TicTacToeEnv(Env):
         return StepResult(reward, cell is not None, info)
 
     def clone(self) -> TicTacToeEnv:
-        twin = object.__new__(type(self))
-        twin.__dict__ = self.__dict__.copy()
+        twin = super().clone()
         twin.board = self.board[:]  # the only mutable per-episode field
         return twin
 

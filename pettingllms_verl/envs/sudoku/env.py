@@ -1,4 +1,4 @@
-"""Sudoku 4x4 with 2x2 boxes (tool + plan agents, see tool_plan.py).
+"""Sudoku 4x4 with 2x2 boxes (tool + plan agents, see ../tool_plan.py).
 
 Task: ``{"puzzle": [[...]], "solution": [[...]]}``, 4x4 ints, 0 = empty. Every generated puzzle
 has exactly one solution. The solver is exhaustive: there are only 288 valid 4x4 grids, each
@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import random
 
-from pettingllms_verl.agents import sudoku as agents
+from pettingllms_verl.envs.sudoku.prompts import PROMPTS, parse_fills
 from pettingllms_verl.envs.tool_plan import ToolPlanEnv
 
 INVALID_FILL = -0.1
@@ -121,7 +121,7 @@ def _rows(flat) -> list[list[int]]:
 
 class SudokuEnv(ToolPlanEnv):
     name = "sudoku"
-    prompts = agents.PROMPTS
+    prompts = PROMPTS
     default_max_turns = 4
     options = {**ToolPlanEnv.options, "num_clues": "given cells of generated 4x4 puzzles (default 6)"}
 
@@ -154,7 +154,7 @@ class SudokuEnv(ToolPlanEnv):
         return {"grid": _rows(self.grid), "puzzle": self._task["puzzle"]}
 
     def parse_actions(self, text: str) -> list[tuple[int, int, int]] | None:
-        return agents.parse_fills(text)
+        return parse_fills(text)
 
     def apply(self, fills: list[tuple[int, int, int]]) -> tuple[float, dict]:
         grid, invalid = list(self.grid), 0

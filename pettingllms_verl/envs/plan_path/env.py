@@ -1,4 +1,4 @@
-"""Plan-Path: walk from start to goal on a grid with walls (tool + plan agents, see tool_plan.py).
+"""Plan-Path: walk from start to goal on a grid with walls (tool + plan agents, see ../tool_plan.py).
 
 Task: ``{"grid": ["..#.", ...], "start": [r, c], "goal": [r, c], "optimal_len": n}``; ``#`` wall,
 ``.`` free; ``optimal_len`` is the BFS shortest-path length from start to goal.
@@ -22,10 +22,9 @@ from __future__ import annotations
 import functools
 import random
 from collections import deque
-from typing import Any
 
-from pettingllms_verl.agents import plan_path as agents
-from pettingllms_verl.agents.parsing import DIRECTION_ALIASES, parse_moves
+from pettingllms_verl.envs.plan_path.prompts import PROMPTS
+from pettingllms_verl.envs.text import DIRECTION_ALIASES, parse_moves
 from pettingllms_verl.envs.tool_plan import ToolPlanEnv
 
 STEP_COST = -0.01
@@ -94,7 +93,7 @@ def _neighbour_table(grid: list[str]) -> dict[str, tuple[int, ...]]:
 
 class PlanPathEnv(ToolPlanEnv):
     name = "plan_path"
-    prompts = agents.PROMPTS
+    prompts = PROMPTS
     default_max_turns = 4
     options = {
         **ToolPlanEnv.options,

@@ -7,7 +7,7 @@ in the main thread of a child process, where that alarm applies, and the caller 
 wait: when the child does not answer in time (a C-level big-integer power ignores the alarm) it is
 killed, restarted on the next call, and the answer counts as not equivalent.
 
-    python -m pettingllms_verl.envs.math_grading   # the child (started by AnswerGrader)
+    python -m pettingllms_verl.envs.math.grading   # the child (started by AnswerGrader)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pettingllms_verl.agents.tool_plan import PuzzlePrompts
+from pettingllms_verl.envs.tool_plan import PuzzlePrompts
 
 
 def render(view: dict) -> str:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pettingllms_verl.agents.parsing import parse_int_grid, parse_int_tuples
-from pettingllms_verl.agents.tool_plan import PuzzlePrompts
+from pettingllms_verl.envs.text import parse_int_grid, parse_int_tuples
+from pettingllms_verl.envs.tool_plan import PuzzlePrompts
 
 SIZE = 4
 MAX_FILLS = 64

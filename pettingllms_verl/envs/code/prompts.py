@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pettingllms_verl.agents.tool_plan import MAX_TOOL_CODE_CHARS, cut
-from pettingllms_verl.envs.base import Messages
+from pettingllms_verl.envs.text import MAX_TOOL_CODE_CHARS, Messages, cut
 
 MAX_SHOWN_MISMATCHES = 3
 MAX_SHOWN_TEXT_CHARS = 200

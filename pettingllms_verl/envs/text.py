@@ -1,4 +1,6 @@
-"""Defensive parsers for model replies, shared by every environment's agents.
+"""Text at the environments' edge, shared by all of them: the chat message type, the defensive
+parsers of model replies, and how one agent's program is shown to another. Neutral: it imports
+nothing of any environment.
 
 Model output is hostile or broken as often as not: every function here returns ``None`` (or an
 empty result) on anything it cannot read and never raises, whatever the text. Numbers longer than
@@ -11,7 +13,12 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
+Messages = list[dict[str, str]]  # chat messages: [{"role": "system" | "user" | "assistant", "content": str}]
+
 MAX_DIGITS = 6
+# What an agent is shown of another's program and its output; longer text is cut (tiny contexts).
+MAX_TOOL_CODE_CHARS = 1500
+MAX_TOOL_OUTPUT_CHARS = 400
 
 # Direction words and letters -> the moves U/D/L/R of the grid puzzles.
 DIRECTION_ALIASES = {"u": "U", "up": "U", "d": "D", "down": "D", "l": "L", "left": "L", "r": "R", "right": "R"}
@@ -197,3 +204,16 @@ def last_int(text: str, lo: int, hi: int) -> int | None:
         return None
     value = int_or_none(tokens[-1])
     return value if value is not None and lo <= value <= hi else None
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, marked when cut."""
+    return text if len(text) <= limit else text[:limit] + "\n...(cut)"
+
+
+def tool_section(tool_code: str, tool_output: str | None) -> str:
+    """The tool agent's last program and output as another agent is shown them (cut to fit)."""
+    return (
+        f"\n\nThe tool agent's program:\n```python\n{cut(tool_code, MAX_TOOL_CODE_CHARS)}\n```\n"
+        f"Its output:\n{cut(tool_output or '(nothing)', MAX_TOOL_OUTPUT_CHARS)}"
+    )

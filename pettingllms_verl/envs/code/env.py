@@ -25,21 +25,18 @@ Without a task, ``reset(seed)`` takes problem ``seed % N`` of the small fixture 
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 from typing import Any, ClassVar, Sequence
 
-from pettingllms_verl.agents import code as prompts
-from pettingllms_verl.agents.parsing import extract_code, parse_io_tests
-from pettingllms_verl.envs.base import Env, Messages, StepResult, Workflow, ignored, sandbox_runs, workflow_for
+from pettingllms_verl.envs.base import PARSE_PENALTY, Env, StepResult, Workflow, fixture_tasks, ignored, sandbox_runs, workflow_for
+from pettingllms_verl.envs.code import prompts
+from pettingllms_verl.envs.text import Messages, extract_code, parse_io_tests
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 from pettingllms_verl.sandbox.client import MAX_PARALLEL
 
-PARSE_PENALTY = -0.5
 DEFAULT_MAX_TURNS = 3
+FIXTURE = "code_fixture.jsonl"  # the offline problem set shipped with the package (reference solutions, tests from running them)
 DEFAULT_MAX_TESTS = 5  # tests read from one tester reply
 MAX_TEST_CHARS = 2000  # a tester's input or expected output longer than this is skipped
 # Sandbox limits of one program on one test; override with the env config key "test_limits".
@@ -47,13 +44,6 @@ DEFAULT_TEST_LIMITS = {"wall_s": 4.0, "cpu_s": 2, "memory_mb": 512, "max_output_
 
 # Tests of one program run concurrently; the sandbox server caps how many run at once.
 _runner = ThreadPoolExecutor(max_workers=MAX_PARALLEL, thread_name_prefix="code-tests")
-
-
-@lru_cache(maxsize=1)
-def fixture_tasks() -> tuple[dict, ...]:
-    """The offline problem set shipped with the package (reference solutions, tests from running them)."""
-    text = resources.files("pettingllms_verl.data").joinpath("code_fixture.jsonl").read_text()
-    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
 
 @dataclass(frozen=True)
@@ -81,6 +71,7 @@ class CodeEnv(Env):
     name: ClassVar[str] = "code"
     roles: ClassVar[tuple[str, ...]] = ("tester", "coder")
     runs_model_code: ClassVar[bool] = True
+    # clone: Env's shallow copy (every per-episode field is immutable: str, tuples, numbers)
 
     options = {
         "max_turns": "turns per episode (each turn: every role of the workflow acts once)",
@@ -96,7 +87,7 @@ class CodeEnv(Env):
 
     def reset(self, seed: int, task: dict | None = None) -> None:
         if task is None:
-            tasks = fixture_tasks()
+            tasks = fixture_tasks(FIXTURE)
             task = tasks[seed % len(tasks)]
         tests = task.get("tests")
         if not isinstance(task.get("problem"), str) or not tests:
@@ -171,9 +162,3 @@ class CodeEnv(Env):
         self.done = (bool(self.tests) and not self.mismatches) or not self.tester_acted or self.turn >= self.max_turns
         info = {"passed": sum(o.passed for o in truth), "tester_failed": len(self.mismatches), **sandbox_runs(o.status for o in outcomes)}
         return StepResult(self.pass_rate, True, info)
-
-    def clone(self) -> CodeEnv:
-        # every per-episode field is immutable (str, tuples, numbers): a shallow copy is independent
-        twin = object.__new__(CodeEnv)
-        twin.__dict__ = self.__dict__.copy()
-        return twin

@@ -5,8 +5,7 @@ Replies are parsed with ``parsing.extract_code`` (tool) and ``parsing.last_boxed
 
 from __future__ import annotations
 
-from pettingllms_verl.agents.tool_plan import MAX_TOOL_CODE_CHARS, cut, tool_section
-from pettingllms_verl.envs.base import Messages
+from pettingllms_verl.envs.text import MAX_TOOL_CODE_CHARS, Messages, cut, tool_section
 
 TOOL_SYSTEM = (
     "You are the tool agent of a math team. Write a short Python program in one ```python block that "

@@ -1,0 +1,70 @@
+"""The environments' house rules, read from the source: one package per environment, shared code
+that imports none of them, no environment importing another, shared constants defined once."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pettingllms_verl import envs
+
+ENVS_DIR = Path(envs.__file__).parent
+SHARED = {"base", "text", "tool_plan"}  # envs/<module>.py that every environment may use
+PACKAGES = sorted(path.parent.name for path in ENVS_DIR.glob("*/env.py"))
+
+
+def _imports(path: Path) -> set[str]:
+    """The ``pettingllms_verl`` modules ``path`` imports (``from a import b`` counts as ``a.b``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.startswith("pettingllms_verl.")}
+
+
+def _envs_part(module: str) -> str | None:
+    """``pettingllms_verl.envs.<part>...`` -> part; None outside the envs package."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "envs" else None
+
+
+def _module_constants(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        names.update(t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper())
+    return names
+
+
+def test_every_registered_environment_is_a_package_with_its_rules_and_prompts():
+    assert PACKAGES == envs.available()
+    for name in PACKAGES:
+        assert envs._ENVS[name].startswith(f"pettingllms_verl.envs.{name}.env:")
+        assert (ENVS_DIR / name / "prompts.py").is_file() and (ENVS_DIR / name / "__init__.py").is_file()
+    assert not (ENVS_DIR.parent / "agents").exists()
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_an_environment_imports_only_itself_and_the_shared_modules(name):
+    for path in (ENVS_DIR / name).glob("*.py"):
+        for module in _imports(path):
+            part = _envs_part(module)
+            assert part is None or part in SHARED | {name}, f"{path.name} of {name} imports {module}"
+            assert not module.startswith(("pettingllms_verl.rollout", "pettingllms_verl.trainer")), module
+
+
+@pytest.mark.parametrize("shared", sorted(SHARED))
+def test_shared_modules_import_no_environment(shared):
+    allowed = {"text"} if shared == "base" else {"base", "text"} if shared == "tool_plan" else set()
+    for module in _imports(ENVS_DIR / f"{shared}.py"):
+        part = _envs_part(module)
+        assert part is None or part in allowed, f"{shared}.py imports {module}"
+
+
+def test_the_shared_constants_are_defined_once():
+    shared = {name for module in SHARED for name in _module_constants(ENVS_DIR / f"{module}.py")}
+    for path in ENVS_DIR.glob("*/*.py"):
+        redefined = _module_constants(path) & shared
+        assert not redefined, f"{path.relative_to(ENVS_DIR)} defines {sorted(redefined)} again"
