@@ -63,6 +63,7 @@ class RoleConfig:
     policy: Optional[str] = None  # policy that acts for this role (a key of `policies`); default: the only policy
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # this role's sampling overrides in training
     val_sampling: SamplingConfig = field(default_factory=SamplingConfig)  # in validation (default: verl's val_kwargs; sampling's max_tokens/stop still apply)
+    reward: Optional[str] = None  # your reward for this role's replies, 'module:function' or 'file.py:function': fn(role=, reply=, result=, env=) -> float replaces the env's local reward
 
 
 @dataclass
@@ -109,6 +110,7 @@ class PettingLLMsConfig:
     k: int = 4  # branches per tree node
     alpha: float = 1.0  # mixed reward = alpha * team reward + role reward
     env_kwargs: Dict[str, Any] = field(default_factory=dict)  # pettingllms_verl.envs.make(name, **env_kwargs)
+    envs: Dict[str, str] = field(default_factory=dict)  # your environments: name -> 'module:Class' (or 'file.py:Class'), registered in every rollout worker; rows name them in extra_info.env
     roles: Dict[str, RoleConfig] = field(default_factory=dict)  # per role: policy and sampling overrides
     policies: Dict[str, PolicyConfig] = field(default_factory=dict)  # name -> policy; empty: one policy "shared"
     swap_policies: Optional[List[str]] = None  # two policy names: validation also runs with each one's roles served by the other (metrics under swap/)
@@ -117,6 +119,19 @@ class PettingLLMsConfig:
     batch_dump_dir: Optional[str] = None  # if set, each step's training rows are written there as JSONL
     episode_log_dir: Optional[str] = None  # if set, every episode (training and validation) is appended there as JSONL: prompts, replies, rewards, tree branches
     replay_poll_interval_s: Optional[float] = None  # how often verl's replay buffer polls for finished episodes (verl: 2 s)
+
+    def register_envs(self) -> None:
+        """Make this run's own environments (``envs``) known to ``pettingllms_verl.envs.make`` in this process."""
+        from pettingllms_verl import envs as registry
+
+        for name, target in self.envs.items():
+            registry.register_env(name, target)
+
+    def reward_functions(self) -> dict[str, Any]:
+        """role -> the reward function configured for it (``roles.<role>.reward``), loaded."""
+        from pettingllms_verl.targets import load_target
+
+        return {role: load_target(config.reward) for role, config in self.roles.items() if config.reward}
 
     def role(self, name: str) -> RoleConfig:
         return self.roles.get(name) or RoleConfig()
