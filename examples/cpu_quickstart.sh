@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The CPU quickstart by hand (what `make quickstart` does), from the repository root, venv active.
+# The CPU quickstart: `make quickstart` (the Makefile is the one place that builds the tiny model and
+# data, where missing, and launches; it prints the launch command it runs). Arguments are Hydra
+# overrides, e.g. examples/cpu_quickstart.sh trainer.save_freq=-1
 set -euo pipefail
-export PETTINGLLMS_ARTIFACTS=${PETTINGLLMS_ARTIFACTS:-$PWD/artifacts} HF_HUB_OFFLINE=1
-[ -f "$PETTINGLLMS_ARTIFACTS/tiny_model/config.json" ] || python -m pettingllms_verl.models.tiny --out "$PETTINGLLMS_ARTIFACTS/tiny_model"
-[ -f "$PETTINGLLMS_ARTIFACTS/data/quickstart/train.parquet" ] || python data_prep/quickstart.py --out-dir "$PETTINGLLMS_ARTIFACTS/data/quickstart"
-python -m verl.trainer.main_ppo --config-path "$PWD/recipes" --config-name quickstart_cpu "$@"
+exec make -C "$(dirname "$0")/.." quickstart ARGS="$*"

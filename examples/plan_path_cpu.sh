@@ -1,10 +1,6 @@
 #!/usr/bin/env bash
-# Plan-Path 6x6 on CPU: tool + plan agents with AT-GRPO tree sampling (pass
-# --config-name plan_path_sa_grpo_cpu for the single-agent GRPO baseline). Repository root, venv active.
+# Plan-Path 6x6 on CPU: tool + plan agents with AT-GRPO tree sampling, `make plan-path` (builds the
+# warm-started tiny model and the data where missing, then launches). RECIPE=plan_path_sa_grpo_cpu
+# in the environment runs the single-agent GRPO baseline; arguments are Hydra overrides.
 set -euo pipefail
-export PETTINGLLMS_ARTIFACTS=${PETTINGLLMS_ARTIFACTS:-$PWD/artifacts} HF_HUB_OFFLINE=1
-[ -f "$PETTINGLLMS_ARTIFACTS/tiny_model_plan_path/config.json" ] || \
-  python -m pettingllms_verl.models.tiny --out "$PETTINGLLMS_ARTIFACTS/tiny_model_plan_path" --warm-start plan_path
-[ -f "$PETTINGLLMS_ARTIFACTS/data/plan_path_6x6/val.parquet" ] || \
-  python data_prep/plan_path.py --size 6 --train 256 --val 16 --test 32 --out-dir "$PETTINGLLMS_ARTIFACTS/data/plan_path_6x6"
-python -m verl.trainer.main_ppo --config-path "$PWD/recipes" --config-name plan_path_mas_atgrpo_cpu "$@"
+exec make -C "$(dirname "$0")/.." plan-path ${RECIPE:+RECIPE="$RECIPE"} ARGS="$*"

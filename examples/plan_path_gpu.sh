@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Plan-Path 10x10 with Qwen3-1.7B on one 8-GPU node (vLLM rollout), AT-GRPO with the reference
-# hyperparameters. Needs the hub (or actor_rollout_ref.model.path=<local dir>). Not yet run by us.
+# hyperparameters: `make run RECIPE=plan_path_mas_atgrpo_qwen3_1p7b` (builds the data where missing,
+# then launches). Needs the hub (or actor_rollout_ref.model.path=<local dir> as an argument) and a
+# Python with CUDA torch and vLLM: PY=python uses the active one instead of the Makefile's .venv.
+# Arguments are Hydra overrides. Not yet run by us.
 set -euo pipefail
-export PETTINGLLMS_ARTIFACTS=${PETTINGLLMS_ARTIFACTS:-$PWD/artifacts}
-[ -f "$PETTINGLLMS_ARTIFACTS/data/plan_path_10x10/val.parquet" ] || \
-  python data_prep/plan_path.py --size 10 --out-dir "$PETTINGLLMS_ARTIFACTS/data/plan_path_10x10"
-python -m verl.trainer.main_ppo --config-path "$PWD/recipes" --config-name plan_path_mas_atgrpo_qwen3_1p7b "$@"
+exec make -C "$(dirname "$0")/.." run RECIPE=plan_path_mas_atgrpo_qwen3_1p7b HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-0}" \
+  ${PY:+PY="$PY"} ARGS="$*"

@@ -55,6 +55,17 @@ def test_the_hydra_plugin_puts_verl_and_the_recipes_on_every_search_path():
         assert "hydra:" not in text and "\n  - base/pettingllms\n" in text, path.name
 
 
+def test_every_make_command_in_a_recipe_names_a_makefile_target():
+    """Recipe comments point at the Makefile (the one place that launches); a renamed target fails here."""
+    makefile = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"(?m)^([\w-]+):", makefile)) | {"data-%"}
+    for path in sorted(RECIPES_DIR.rglob("*.yaml")):
+        for target in re.findall(r"`make ([\w-]+)", path.read_text()):
+            assert target in targets or target.startswith("data-"), f"{path.name}: make {target}"
+        for recipe in re.findall(r"`make \S+ RECIPE=(\w+)", path.read_text()):
+            assert (RECIPES_DIR / f"{recipe}.yaml").is_file(), f"{path.name}: RECIPE={recipe}"
+
+
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("artifacts")
