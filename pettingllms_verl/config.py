@@ -120,19 +120,6 @@ class PettingLLMsConfig:
     episode_log_dir: Optional[str] = None  # if set, every episode (training and validation) is appended there as JSONL: prompts, replies, rewards, tree branches
     replay_poll_interval_s: Optional[float] = None  # how often verl's replay buffer polls for finished episodes (verl: 2 s)
 
-    def register_envs(self) -> None:
-        """Make this run's own environments (``envs``) known to ``pettingllms_verl.envs.make`` in this process."""
-        from pettingllms_verl import envs as registry
-
-        for name, target in self.envs.items():
-            registry.register_env(name, target)
-
-    def reward_functions(self) -> dict[str, Any]:
-        """role -> the reward function configured for it (``roles.<role>.reward``), loaded."""
-        from pettingllms_verl.targets import load_target
-
-        return {role: load_target(config.reward) for role, config in self.roles.items() if config.reward}
-
     def role(self, name: str) -> RoleConfig:
         return self.roles.get(name) or RoleConfig()
 

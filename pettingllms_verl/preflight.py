@@ -128,6 +128,30 @@ def _check_sandbox(env_name: str) -> None:
         ) from None
 
 
+def _check_user_code(settings: Any) -> None:
+    """The run's own environments and reward functions load here as they will in every worker."""
+    from pettingllms_verl import envs
+    from pettingllms_verl.config import SECTION
+    from pettingllms_verl.targets import TargetError, load_target
+
+    for name, target in settings.envs.items():
+        envs.register_env(name, target)
+        try:
+            envs.env_class(name)
+        except (TargetError, TypeError) as error:
+            raise ConfigError(f"{SECTION}.envs.{name}", str(error), "name an Env subclass as 'package.module:Class' or 'file.py:Class'") from None
+    for role, role_config in settings.roles.items():
+        if role_config.reward is None:
+            continue
+        try:
+            reward = load_target(role_config.reward)
+        except TargetError as error:
+            raise ConfigError(f"{SECTION}.roles.{role}.reward", str(error), "name a function as 'package.module:fn' or 'file.py:fn'") from None
+        if not callable(reward):
+            raise ConfigError(f"{SECTION}.roles.{role}.reward", f"{role_config.reward!r} is {reward!r}, not a function",
+                              "name a function fn(role=, reply=, result=, env=) -> float")
+
+
 def _check_policies(config: DictConfig) -> None:
     """The ``pettingllms`` section: schema, policies (models, tokenizers, pools), roles vs the env."""
     from pettingllms_verl import envs
@@ -136,11 +160,17 @@ def _check_policies(config: DictConfig) -> None:
     try:
         settings = load(config.pettingllms)
         table = settings.policy_table()
+        _check_user_code(settings)
         row = _train_env(config)
         if row is not None:
             env_name, seed, task = row
             try:
                 env = envs.make(env_name, **settings.env_kwargs)
+            except KeyError as error:
+                raise ConfigError(
+                    f"{SECTION}.envs.{env_name}", f"data.train_files names the environment {env_name!r}: {error.args[0]}",
+                    f"set {SECTION}.envs.{env_name}='package.module:Class', or install the package that declares it",
+                ) from None
             except (ValueError, TypeError) as error:
                 key = f"{SECTION}.env_kwargs" + (f".{error.option}" if isinstance(error, envs.UnknownEnvOption) else "")
                 raise ConfigError(key, str(error), "use the options the error names (or drop the key)") from None

@@ -39,7 +39,7 @@ def _module_constants(path: Path) -> set[str]:
 
 
 def test_every_registered_environment_is_a_package_with_its_rules_and_prompts():
-    assert PACKAGES == envs.available()
+    assert PACKAGES == sorted(envs._ENVS)  # the shipped table (installed packages may declare more)
     for name in PACKAGES:
         assert envs._ENVS[name].startswith(f"pettingllms_verl.envs.{name}.env:")
         assert (ENVS_DIR / name / "prompts.py").is_file() and (ENVS_DIR / name / "__init__.py").is_file()

@@ -1,11 +1,19 @@
-"""Environments by name: ``make(name, **config)``."""
+"""Environments by name: ``make(name, **config)``.
+
+A name is found, in order: in the table below and what ``register_env`` added (a recipe's
+``pettingllms.envs`` is registered so in every rollout worker); among the entry points of the
+group ``pettingllms_verl.envs`` that installed packages declare; as ``module:Class`` itself.
+"""
 
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import entry_points
 
 from pettingllms_verl.envs.base import Env, StepResult, Workflow
 from pettingllms_verl.envs.text import Messages
+from pettingllms_verl.targets import load_target
+
+ENTRY_POINT_GROUP = "pettingllms_verl.envs"  # packages declare their environments here: name = "module:Class"
 
 # name -> "module:Class"; modules are imported on first use so a missing optional dependency of
 # one environment never breaks another.
@@ -21,12 +29,32 @@ _ENVS: dict[str, str] = {
 
 
 def register_env(name: str, target: str) -> None:
-    """Make ``make(name)`` build ``target`` (``"package.module:ClassName"``)."""
+    """Make ``make(name)`` build ``target`` (``"package.module:ClassName"`` or ``"file.py:ClassName"``)."""
     _ENVS[name] = target
 
 
+def _declared() -> dict[str, str]:
+    """The environments installed packages declare (entry-point group ``pettingllms_verl.envs``)."""
+    return {entry.name: entry.value for entry in entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def available() -> list[str]:
-    return sorted(_ENVS)
+    """Every name ``make`` knows: the table, registrations and installed packages' entry points."""
+    return sorted({**_declared(), **_ENVS})
+
+
+def env_class(name: str) -> type[Env]:
+    """The class ``make(name)`` builds; ``KeyError`` for an unknown name, ``TypeError`` for a non-Env."""
+    target = _ENVS.get(name) or _declared().get(name) or (name if ":" in name else None)
+    if target is None:
+        raise KeyError(
+            f"unknown environment {name!r}; available: {', '.join(available()) or '<none>'} (your own: name it in "
+            f"pettingllms.envs.<name>='module:Class', or declare it in the entry-point group {ENTRY_POINT_GROUP!r})"
+        )
+    cls = load_target(target)
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise TypeError(f"environment {name!r}: {target!r} is {cls!r}, not a subclass of pettingllms_verl.envs.Env")
+    return cls
 
 
 class UnknownEnvOption(ValueError):
@@ -40,14 +68,11 @@ class UnknownEnvOption(ValueError):
 
 def make(name: str, **config) -> Env:
     """Build the environment registered as ``name`` (not yet reset)."""
-    if name not in _ENVS:
-        raise KeyError(f"unknown environment {name!r}; available: {', '.join(available()) or '<none>'}")
-    module_name, class_name = _ENVS[name].split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls = env_class(name)
     unknown = sorted(set(config) - set(cls.options))
     if unknown:
         raise UnknownEnvOption(name, unknown[0], cls.options)
     return cls(**config)
 
 
-__all__ = ["Env", "Messages", "StepResult", "UnknownEnvOption", "Workflow", "available", "make", "register_env"]
+__all__ = ["ENTRY_POINT_GROUP", "Env", "Messages", "StepResult", "UnknownEnvOption", "Workflow", "available", "env_class", "make", "register_env"]

@@ -24,6 +24,7 @@ from pettingllms_verl.config import PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
 from pettingllms_verl.rollout.episode import Episode, PromptTooLong, Sample, episode_return, run_episode
+from pettingllms_verl.targets import load_target
 
 logger = logging.getLogger(__name__)
 VALIDATE_KWARG = "pettingllms_validate"  # injected by MASAgentLoopWorker: verl passes no such flag to run()
@@ -46,6 +47,9 @@ class EpisodeAgentLoop(AgentLoopBase):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.settings = load(self.config.get("pettingllms"))
+        for name, target in self.settings.envs.items():  # the run's own environments, in this worker too
+            envs.register_env(name, target)
+        self.rewards = {role: load_target(config.reward) for role, config in self.settings.roles.items() if config.reward}
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
@@ -109,6 +113,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             render=self.render,
             decode=self.decode,
             snapshots=bool(self.settings.episode_log_dir),
+            rewards=self.rewards,
         )
         # verl's staleness bookkeeping: which weight versions this episode sampled from (a frozen
         # policy's weights never change version, so they say nothing about staleness).

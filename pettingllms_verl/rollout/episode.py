@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Mapping, Sequence
 
-from pettingllms_verl.envs.base import SANDBOX_RUNS, Env
+from pettingllms_verl.envs.base import SANDBOX_RUNS, Env, StepResult
 from pettingllms_verl.envs.text import Messages
 
 # Why an episode ended: None = the environment finished it.
@@ -33,6 +33,10 @@ ERRORS = ("engine_error", "env_error")  # the engine failed a request | the envi
 Generate = Callable[[str, list[int], int], Awaitable[list[tuple[list[int], list[float]]]]]
 Render = Callable[[Messages], list[int]]
 Decode = Callable[[list[int]], str]
+# A user's reward for one role's reply (``pettingllms.roles.<role>.reward``), called with keywords
+# role, reply (the decoded text), result (the env's StepResult) and env (the branch after the step)
+RewardFn = Callable[..., float]
+ENV_LOCAL_REWARD = "env_local_reward"  # StepResult.info key: the env's own local reward, where a RewardFn replaced it
 
 
 @dataclass
@@ -98,10 +102,18 @@ def best_branch(rewards: Sequence[float]) -> int:
     return max(range(len(rewards)), key=lambda i: (rewards[i], -i))
 
 
-async def _step_all(clones: list[Env], role: str, texts: list[str]) -> list:
+def _step(env: Env, role: str, text: str, reward: RewardFn | None) -> StepResult:
+    result = env.step(role, text)
+    if reward is None:
+        return result
+    local = float(reward(role=role, reply=text, result=result, env=env))
+    return StepResult(local, result.parse_ok, {**result.info, ENV_LOCAL_REWARD: result.local_reward})
+
+
+async def _step_all(clones: list[Env], role: str, texts: list[str], reward: RewardFn | None) -> list[StepResult]:
     # Steps may run sandboxed tool code (blocking, up to its wall limit): off the event loop,
     # concurrently, so one slow branch does not serialise the others or stall other episodes.
-    return await asyncio.gather(*(asyncio.to_thread(clone.step, role, text) for clone, text in zip(clones, texts)))
+    return await asyncio.gather(*(asyncio.to_thread(_step, clone, role, text, reward) for clone, text in zip(clones, texts)))
 
 
 async def run_episode(
@@ -114,12 +126,15 @@ async def run_episode(
     render: Render,
     decode: Decode,
     snapshots: bool = False,
+    rewards: Mapping[str, RewardFn] | None = None,
 ) -> Episode:
     """Play ``env`` (already reset) to the end, or to a fault; returns every played branch's sample
-    (with ``snapshots``, each with its branch's state after the reply: for logs, off in training)."""
+    (with ``snapshots``, each with its branch's state after the reply: for logs, off in training).
+    ``rewards``: role -> a function whose value replaces the env's local reward of that role's
+    replies (a function that raises ends the episode as an ``env_error``)."""
     episode = Episode(start=env.snapshot() if snapshots else None)
     try:
-        env = await _play(episode, env, turn_order, max_turns, k, alpha, generate, render, decode, snapshots)
+        env = await _play(episode, env, turn_order, max_turns, k, alpha, generate, render, decode, snapshots, rewards or {})
     except _Ended as ended:
         episode.end_cause, episode.error = ended.cause, ended.error
         return episode
@@ -150,7 +165,7 @@ def credit_final_rewards(samples: Sequence[Sample]) -> None:
             last.reward += float(outcome)
 
 
-async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, generate, render, decode, snapshots) -> Env:
+async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, generate, render, decode, snapshots, rewards) -> Env:
     """The turns of ``run_episode``; returns the final state, raises ``_Ended`` on a fault."""
     path = ""
     for turn in range(max_turns):
@@ -176,7 +191,7 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
             started = time.perf_counter()
             try:
                 clones = [env.clone() for _ in range(k)]
-                results = await _step_all(clones, role, [decode(ids) for ids, _ in replies])
+                results = await _step_all(clones, role, [decode(ids) for ids, _ in replies], rewards.get(role))
             except Exception as error:
                 raise _Ended("env_error", error) from error
             node_samples = []
