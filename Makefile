@@ -72,12 +72,12 @@ data-plan-path: data-plan_path_6x6
 data-math: data-math_fixture
 data-code: data-code_fixture
 
-# What a recipe reads under $(ARTIFACTS) (${pettingllms.artifacts}/<path> in it and in the base/
+# What a recipe reads under $(ARTIFACTS) (${pettingllms.paths.artifacts}/<path> in it and in the base/
 # configs it lists, two levels deep; a path a later config overrides is built too): model folders and data sets, as the targets that build them.
 recipe_bases = $(patsubst %,recipes/%.yaml,$(shell sed -n 's|^  - \(base/[a-z0-9_/]*\)$$|\1|p' recipes/$(1).yaml))
 base_bases = $(patsubst %,recipes/base/%.yaml,$(shell sed -n 's|^  - \([a-z0-9][a-z0-9_/]*\)$$|\1|p' $(1) /dev/null))
 recipe_files = recipes/$(1).yaml $(call recipe_bases,$(1)) $(call base_bases,$(call recipe_bases,$(1)))
-recipe_reads = $(sort $(shell sed -n 's|.*$${pettingllms.artifacts}/\([a-z0-9_./]*\).*|\1|p' $(call recipe_files,$(1))))
+recipe_reads = $(sort $(shell sed -n 's|.*$${pettingllms.paths.artifacts}/\([a-z0-9_./]*\).*|\1|p' $(call recipe_files,$(1))))
 recipe_needs = $(foreach path,$(call recipe_reads,$(1)),$(if $(filter data/%,$(path)),$(if $(filter %/train.parquet,$(path)),$(ARTIFACTS)/$(path)),$(if $(filter checkpoints/%,$(path)),,$(ARTIFACTS)/$(path)/config.json)))
 
 # Launch a recipe (RECIPE=<name>, Hydra overrides in ARGS) through verl's main_ppo; the command is

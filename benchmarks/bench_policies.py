@@ -75,7 +75,7 @@ def run(root: str, recipe: str, overrides: list[str], model: str, steps: int) ->
         sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"),
         "--config-name", recipe, f"trainer.total_training_steps={steps}", f"actor_rollout_ref.model.path={model}",
         "trainer.save_freq=-1", "trainer.resume_mode=disable",
-        "++pettingllms.mini_batches_per_step=2",  # the same optimizer work per policy in every mode
+        "++pettingllms.trainer.mini_batches_per_step=2",  # the same optimizer work per policy in every mode
         *overrides,
     ]
     peaks: dict[str, float] = {}

@@ -13,6 +13,13 @@ pettingllms:
     solver: {overrides: {model: {path: /models/other}}, trainable: false}
   roles:                   # per role: which policy acts, and sampling overrides
     plan: {policy: planner, sampling: {temperature: 1.0, max_tokens: 48}, val_sampling: {}}
+  paths:                   # where things are read and written
+    artifacts: /data/pettingllms   # models, data and checkpoints (recipes interpolate ${pettingllms.paths.artifacts})
+    batch_dump_dir: null           # set: each step's training rows as JSONL
+    episode_log_dir: null          # set: every episode as JSONL, one file per rollout process
+  trainer:                 # knobs of the mas_sync trainer
+    mini_batches_per_step: null    # optimizer steps per policy per training step (null: verl's ppo_mini_batch_size rows each)
+    replay_poll_interval_s: null   # how often verl's replay buffer polls for finished episodes (null: verl's 2 s)
 ```
 """
 
@@ -104,6 +111,33 @@ class PolicyConfig:
 
 
 @dataclass
+class PathsConfig:
+    """``pettingllms.paths``: where things are read and written."""
+
+    artifacts: Optional[str] = None  # where `make` puts models, data and checkpoints (recipes interpolate it)
+    batch_dump_dir: Optional[str] = None  # if set, each step's training rows are written there as JSONL
+    episode_log_dir: Optional[str] = None  # if set, every episode (training and validation) is appended there as JSONL: prompts, replies, rewards, tree branches
+
+
+@dataclass
+class TrainerConfig:
+    """``pettingllms.trainer``: knobs of the mas_sync trainer."""
+
+    mini_batches_per_step: Optional[int] = None  # optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)
+    replay_poll_interval_s: Optional[float] = None  # how often verl's replay buffer polls for finished episodes (verl: 2 s)
+
+
+# keys that moved out of the top level of the section: old key -> its sub-section
+MOVED_KEYS = {
+    "artifacts": "paths",
+    "batch_dump_dir": "paths",
+    "episode_log_dir": "paths",
+    "mini_batches_per_step": "trainer",
+    "replay_poll_interval_s": "trainer",
+}
+
+
+@dataclass
 class PettingLLMsConfig:
     workflow: str = "mas"  # sa: one agent does everything | mas: every role of the env acts, in turn order
     rollout_mode: str = "tree"  # tree: K branches per (turn, role) node | independent: plain episodes (rollout.n of them)
@@ -114,11 +148,8 @@ class PettingLLMsConfig:
     roles: Dict[str, RoleConfig] = field(default_factory=dict)  # per role: policy and sampling overrides
     policies: Dict[str, PolicyConfig] = field(default_factory=dict)  # name -> policy; empty: one policy "shared"
     swap_policies: Optional[List[str]] = None  # two policy names: validation also runs with each one's roles served by the other (metrics under swap/)
-    mini_batches_per_step: Optional[int] = None  # optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)
-    artifacts: Optional[str] = None  # where `make` puts models, data and checkpoints (recipes interpolate it)
-    batch_dump_dir: Optional[str] = None  # if set, each step's training rows are written there as JSONL
-    episode_log_dir: Optional[str] = None  # if set, every episode (training and validation) is appended there as JSONL: prompts, replies, rewards, tree branches
-    replay_poll_interval_s: Optional[float] = None  # how often verl's replay buffer polls for finished episodes (verl: 2 s)
+    paths: PathsConfig = field(default_factory=PathsConfig)  # where models, data, checkpoints and logs go
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # knobs of the mas_sync trainer
 
     def role(self, name: str) -> RoleConfig:
         return self.roles.get(name) or RoleConfig()
@@ -178,8 +209,9 @@ class PettingLLMsConfig:
             raise SettingsError(f"{SECTION}.rollout_mode: {self.rollout_mode!r} is not 'tree' or 'independent'")
         if self.k < 1:
             raise SettingsError(f"{SECTION}.k: {self.k} branches per node; need at least 1")
-        if self.mini_batches_per_step is not None and self.mini_batches_per_step < 1:
-            raise SettingsError(f"{SECTION}.mini_batches_per_step: {self.mini_batches_per_step}; need at least 1 (or null)")
+        mini_batches = self.trainer.mini_batches_per_step
+        if mini_batches is not None and mini_batches < 1:
+            raise SettingsError(f"{SECTION}.trainer.mini_batches_per_step: {mini_batches}; need at least 1 (or null)")
         table = self.policy_table()
         for name, policy in table.items():
             key = f"{SECTION}.policies.{name}"
@@ -257,6 +289,10 @@ class PettingLLMsConfig:
 def load(section: Any) -> PettingLLMsConfig:
     """The validated section (``None``: all defaults); ``SettingsError`` names the bad key."""
     schema = OmegaConf.structured(PettingLLMsConfig)
+    if section is not None and hasattr(section, "keys"):
+        for key in section.keys():
+            if key in MOVED_KEYS:
+                raise SettingsError(f"{SECTION}.{key}: moved to {SECTION}.{MOVED_KEYS[key]}.{key}")
     try:
         merged = OmegaConf.merge(schema, section if section is not None else {})
         settings: PettingLLMsConfig = OmegaConf.to_object(merged)

@@ -144,6 +144,44 @@ def test_bad_settings_name_the_key(section, message):
         load(OmegaConf.create(section))
 
 
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("artifacts", "paths.artifacts"),
+        ("batch_dump_dir", "paths.batch_dump_dir"),
+        ("episode_log_dir", "paths.episode_log_dir"),
+        ("mini_batches_per_step", "trainer.mini_batches_per_step"),
+        ("replay_poll_interval_s", "trainer.replay_poll_interval_s"),
+    ],
+)
+def test_a_moved_key_names_where_it_went(old, new):
+    from omegaconf import OmegaConf
+
+    with pytest.raises(SettingsError, match=rf"^pettingllms\.{old}: moved to pettingllms\.{new}$"):
+        load(OmegaConf.create({old: None}))
+    with pytest.raises(SettingsError, match=rf"moved to pettingllms\.{new}"):
+        load({"k": 2, old: "/somewhere"})  # a plain dict too
+
+
+def test_paths_and_trainer_knobs_load_from_their_sub_sections():
+    from omegaconf import OmegaConf
+
+    settings = load(OmegaConf.create({
+        "k": 2,
+        "paths": {"artifacts": "/a", "batch_dump_dir": "/a/batches", "episode_log_dir": "/a/episodes"},
+        "trainer": {"mini_batches_per_step": 3, "replay_poll_interval_s": 0.05},
+    }))
+    assert (settings.paths.artifacts, settings.paths.batch_dump_dir, settings.paths.episode_log_dir) == ("/a", "/a/batches", "/a/episodes")
+    assert (settings.trainer.mini_batches_per_step, settings.trainer.replay_poll_interval_s) == (3, 0.05)
+    assert settings.k == 2
+    defaults = load(None)
+    assert defaults.paths.episode_log_dir is None and defaults.trainer.mini_batches_per_step is None
+    with pytest.raises(SettingsError, match="pettingllms.trainer.mini_batches_per_step: 0; need at least 1"):
+        load(OmegaConf.create({"trainer": {"mini_batches_per_step": 0}}))
+    with pytest.raises(SettingsError, match="pettingllms.paths.episode_lg_dir"):
+        load(OmegaConf.create({"paths": {"episode_lg_dir": "/x"}}))
+
+
 def test_roles_route_to_their_policies_and_the_swap_exchanges_two():
     from omegaconf import OmegaConf
 

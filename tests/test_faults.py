@@ -158,7 +158,7 @@ def test_every_episode_is_logged_with_its_prompts_replies_rewards_and_branches(t
             super().__init__(tokenizer)
             self.reply = tokenizer.encode("<script>alert(1)</script>")
 
-    outputs = play(tokenizer, Hostile(tokenizer), {"episode_log_dir": str(tmp_path)}, fault="overflow", fault_turn=2)
+    outputs = play(tokenizer, Hostile(tokenizer), {"paths": {"episode_log_dir": str(tmp_path)}}, fault="overflow", fault_turn=2)
     (log,) = tmp_path.glob("episodes-*.jsonl")
     (record,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert (record["env"], record["seed"], record["validate"], record["end_cause"]) == ("faulty_plan_path", 3, False, "prompt_overflow")

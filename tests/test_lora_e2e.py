@@ -18,7 +18,7 @@ from test_policies_e2e import (  # noqa: F401  (fixture)
 pytestmark = pytest.mark.slow
 RECIPE = "plan_path_mas_lora_cpu"
 POLICY_OF = {"tool": "tool_adapter", "plan": "plan_adapter"}  # its roles' adapters
-K_MINI_BATCHES = 2  # its pettingllms.mini_batches_per_step
+K_MINI_BATCHES = 2  # its pettingllms.trainer.mini_batches_per_step
 LR, WARMUP = 2e-3, 10  # its actor LR; the warm-up steps of the first run
 
 
@@ -29,7 +29,7 @@ def l1_run(artifacts):
     LR warm-up shows each adapter's own schedule position."""
     dump = artifacts / "l1_batches"
     metrics = run_recipe(
-        artifacts, RECIPE, f"pettingllms.batch_dump_dir={dump}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={WARMUP}",
+        artifacts, RECIPE, f"pettingllms.paths.batch_dump_dir={dump}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={WARMUP}",
         "+pettingllms.roles.tool.sampling.temperature=0", "actor_rollout_ref.actor.optim.weight_decay=0",
     )
     return metrics, dumped_rows(dump)
@@ -113,7 +113,7 @@ def test_code_team_with_a_frozen_tester_adapter(team_artifacts):
     is never updated: no optimizer state, no schedule step, lora_B still zero after 3 steps."""
     dump = team_artifacts / "code_lora_batches"
     # with a KL term: the reference policy is the base with every adapter off (verl's no_lora_adapter)
-    metrics = run_recipe(team_artifacts, "code_mas_lora_cpu", f"pettingllms.batch_dump_dir={dump}", "actor_rollout_ref.actor.use_kl_loss=true")
+    metrics = run_recipe(team_artifacts, "code_mas_lora_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "actor_rollout_ref.actor.use_kl_loss=true")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert m["data"]["policy/tester_adapter/rows"] > 0 and m["data"]["policy/coder_adapter/rows"] > 0

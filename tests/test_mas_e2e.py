@@ -49,7 +49,7 @@ def run_recipe(artifacts, recipe, *overrides):
 def mas_run(artifacts):
     dump = artifacts / "batches"
     # test_freq=3: one validation pass (greedy, one episode per test problem) after the last step
-    metrics = run_recipe(artifacts, "plan_path_mas_atgrpo_cpu", f"pettingllms.batch_dump_dir={dump}", "trainer.test_freq=3")
+    metrics = run_recipe(artifacts, "plan_path_mas_atgrpo_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "trainer.test_freq=3")
     rows = {int(name[5:-6]): [json.loads(line) for line in open(dump / name)] for name in os.listdir(dump)}
     return metrics, rows
 
@@ -116,7 +116,7 @@ def test_advantages_are_normalised_within_each_group(mas_run):
 
 def test_sa_grpo_baseline_updates_exactly_when_an_episode_group_has_signal(artifacts):
     dump = artifacts / "sa_batches"
-    metrics = run_recipe(artifacts, "plan_path_sa_grpo_cpu", f"pettingllms.batch_dump_dir={dump}")
+    metrics = run_recipe(artifacts, "plan_path_sa_grpo_cpu", f"pettingllms.paths.batch_dump_dir={dump}")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert "mas/plan/reward_mean" in m["data"] and "mas/tool/reward_mean" not in m["data"]
@@ -152,7 +152,7 @@ def team_artifacts(artifacts):
 def run_team(artifacts, recipe: str, roles: set[str]) -> dict[str, list[dict]]:
     """Run a 3-step recipe with a batch dump; its training rows by role."""
     dump = artifacts / f"{recipe}_batches"
-    metrics = run_recipe(artifacts, recipe, f"pettingllms.batch_dump_dir={dump}")
+    metrics = run_recipe(artifacts, recipe, f"pettingllms.paths.batch_dump_dir={dump}")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     by_role = defaultdict(list)
     for row in dumped_rows(dump):

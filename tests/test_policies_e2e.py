@@ -17,7 +17,7 @@ from test_mas_e2e import RECIPES, dumped_rows, run_recipe
 
 pytestmark = pytest.mark.slow
 POLICY_OF = {"tool": "tool_policy", "plan": "plan_policy"}  # plan_path_mas_full_cpu
-K_MINI_BATCHES = 2  # its pettingllms.mini_batches_per_step
+K_MINI_BATCHES = 2  # its pettingllms.trainer.mini_batches_per_step
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def train_to_5_killed_after_step_4_then_resume(artifacts, recipe: str, *resume_o
 def l2_run(artifacts):
     dump = artifacts / "l2_batches"
     # validation at the last step: its val_metrics.json is what the evaluation chooses checkpoints by
-    metrics = run_recipe(artifacts, "plan_path_mas_full_cpu", f"pettingllms.batch_dump_dir={dump}", "trainer.test_freq=3")
+    metrics = run_recipe(artifacts, "plan_path_mas_full_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "trainer.test_freq=3")
     return metrics, dumped_rows(dump)
 
 
@@ -174,7 +174,7 @@ def test_a_policy_changes_only_through_its_own_rows_with_a_full_model_and_an_ada
         artifacts, "plan_path_mas_full_cpu", "trainer.total_training_steps=1", "trainer.experiment_name=isolation",
         "+pettingllms.roles.tool.sampling.temperature=0", "actor_rollout_ref.actor.optim.weight_decay=0",
         "+pettingllms.policies.tool_policy.pool=own", "+pettingllms.policies.tool_policy.n_gpus_per_node=1",
-        "ray_kwargs.ray_init.num_gpus=2", "+pettingllms.policies.plan_policy.adapter.rank=8", f"pettingllms.batch_dump_dir={dump}",
+        "ray_kwargs.ray_init.num_gpus=2", "+pettingllms.policies.plan_policy.adapter.rank=8", f"pettingllms.paths.batch_dump_dir={dump}",
     )
     for policy in POLICY_OF.values():
         assert metrics[-1]["data"][f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
@@ -194,7 +194,7 @@ def test_tictactoe_one_learner_per_player_with_a_frozen_opponent(artifacts):
     dump = artifacts / "tictactoe_batches"
     metrics = run_recipe(
         artifacts, "tictactoe_mas_full_cpu", "trainer.total_training_steps=1",
-        "+pettingllms.policies.player_o.trainable=false", f"pettingllms.batch_dump_dir={dump}",
+        "+pettingllms.policies.player_o.trainable=false", f"pettingllms.paths.batch_dump_dir={dump}",
     )
     data = metrics[0]["data"]
     assert data["policy/player_x/rows"] > 0 and data["policy/player_o/rows"] > 0

@@ -67,7 +67,7 @@ def test_the_example_recipe_trains_a_step_through_main_ppo_with_the_users_env_an
     episodes = tmp_path / "episodes"
     _run(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(site / "relay_env" / "recipes"),
-         "--config-name", "relay_mas_cpu", "trainer.total_training_steps=1", f"pettingllms.episode_log_dir={episodes}"],
+         "--config-name", "relay_mas_cpu", "trainer.total_training_steps=1", f"pettingllms.paths.episode_log_dir={episodes}"],
         cwd=tmp_path, env=env,
     )
     [step] = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]

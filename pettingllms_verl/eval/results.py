@@ -1,4 +1,4 @@
-"""Episode logs (``pettingllms.episode_log_dir``, one JSON line per episode) into the evaluation's
+"""Episode logs (``pettingllms.paths.episode_log_dir``, one JSON line per episode) into the evaluation's
 tables: success per environment and method with per-role reward and parse-failure rate, one
 game result per episode, a summary per run. Pure functions over the records; reading is defensive
 (a log is written by a process that may have been killed mid-line)."""
@@ -39,7 +39,7 @@ def read_jsonl(path: str, required: tuple[str, ...] = REQUIRED) -> list[dict]:
             raise LogError(f"{path}:{number}: not a JSON line; the log is damaged (regenerate it)") from None
         missing = [key for key in required if key not in record] if isinstance(record, dict) else list(required)
         if missing:
-            raise LogError(f"{path}:{number}: a record without {missing}; is this an episode log (pettingllms.episode_log_dir)?")
+            raise LogError(f"{path}:{number}: a record without {missing}; is this an episode log (pettingllms.paths.episode_log_dir)?")
         records.append(record)
     if not records:
         raise LogError(f"{path}: no records (empty log)")

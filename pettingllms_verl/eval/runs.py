@@ -180,7 +180,7 @@ def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str) -> list[str
         "trainer.val_before_train=true",
         f"data.val_files={run.data_file}",
         f"data.val_max_samples={episodes if episodes else -1}",
-        f"pettingllms.episode_log_dir={os.path.join(run_dir, 'episodes')}",
+        f"pettingllms.paths.episode_log_dir={os.path.join(run_dir, 'episodes')}",
         "trainer.logger=[console,file]",
         f"trainer.experiment_name=eval_{run.label}",
     ]

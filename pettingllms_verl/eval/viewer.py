@@ -54,7 +54,7 @@ def load(paths: list[str]) -> list[dict]:
         elif os.path.isfile(path):
             records += read_jsonl(path)
         else:
-            raise LogError(f"{path}: no such file or folder (an evaluation's episodes.jsonl or a pettingllms.episode_log_dir)")
+            raise LogError(f"{path}: no such file or folder (an evaluation's episodes.jsonl or a pettingllms.paths.episode_log_dir)")
     return records
 
 

@@ -112,7 +112,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             generate=generate,
             render=self.render,
             decode=self.decode,
-            snapshots=bool(self.settings.episode_log_dir),
+            snapshots=bool(self.settings.paths.episode_log_dir),
             rewards=self.rewards,
         )
         # verl's staleness bookkeeping: which weight versions this episode sampled from (a frozen
@@ -131,9 +131,9 @@ class EpisodeAgentLoop(AgentLoopBase):
             for role, policy in policies.items()
         }
         self._log_fault(episode, name)
-        if self.settings.episode_log_dir:
+        if self.settings.paths.episode_log_dir:
             served = {role: routing[role]["mas_served_by"] for role in routing}
-            self._write_log(self.settings.episode_log_dir, name, seed, task, validate, swapped, policies, served, episode, started_at)
+            self._write_log(self.settings.paths.episode_log_dir, name, seed, task, validate, swapped, policies, served, episode, started_at)
         if not episode.samples:  # ended before its first reply: one untrained row carries the episode's end
             episode.samples.append(self._placeholder(workflow.turn_order[0]))
         if validate:

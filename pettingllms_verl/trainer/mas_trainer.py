@@ -140,8 +140,8 @@ class MASTrainer(PPOTrainerSync):
         # verl's buffer polls for finished episodes every 2 s (not configurable there); on a CPU
         # step of ~3 s that sleep dominates `timing_s/gen`.
         buffer = super()._build_replay_buffer()
-        if self.settings.replay_poll_interval_s is not None:
-            buffer.poll_interval = float(self.settings.replay_poll_interval_s)
+        if self.settings.trainer.replay_poll_interval_s is not None:
+            buffer.poll_interval = float(self.settings.trainer.replay_poll_interval_s)
         return buffer
 
     # ------------------------------ building the policies ------------------------------
@@ -336,15 +336,15 @@ class MASTrainer(PPOTrainerSync):
         metrics.update({key: float(np.mean(values)) for key, values in plain.items()})
 
     def _get_required_batch_multiple(self, dp_size: int) -> int:
-        k = self.settings.mini_batches_per_step
+        k = self.settings.trainer.mini_batches_per_step
         if k is None:
             return super()._get_required_batch_multiple(dp_size)
         return math.lcm(dp_size, self.config.actor_rollout_ref.rollout.n) * k
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """verl's update; with ``mini_batches_per_step`` = K the policy's rows (padded to a multiple
+        """verl's update; with ``trainer.mini_batches_per_step`` = K the policy's rows (padded to a multiple
         of K) are split into exactly K mini-batches, whatever the episodes' lengths."""
-        k = self.settings.mini_batches_per_step
+        k = self.settings.trainer.mini_batches_per_step
         if k is None:
             return super()._update_actor(batch, metrics)
         actor = self.config.actor_rollout_ref.actor
@@ -376,8 +376,8 @@ class MASTrainer(PPOTrainerSync):
             metrics.update(group_stats(index))
             metrics["at_grpo/zero_variance_frac"] = zero_variance_frac(scores, index)
         batch = super()._compute_advantage(batch, metrics)
-        if self.settings.batch_dump_dir:
-            self._dump_batch(self.settings.batch_dump_dir, batch, real, index, scores, tags)
+        if self.settings.paths.batch_dump_dir:
+            self._dump_batch(self.settings.paths.batch_dump_dir, batch, real, index, scores, tags)
         return batch
 
     @staticmethod
