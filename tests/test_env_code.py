@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pettingllms_verl.envs.text import parse_io_tests
 from pettingllms_verl.data.rows import row_task
+from pettingllms_verl.envs.base import fixture_tasks
 from pettingllms_verl.envs.code import env as code_env
 from pettingllms_verl.envs import make
 
@@ -45,7 +46,7 @@ def new_env(task=TASK, **config):
 # --- running programs ------------------------------------------------------------------------
 
 def test_every_fixture_solution_passes_its_tests_and_a_wrong_program_does_not():
-    tasks = code_env.fixture_tasks(code_env.FIXTURE)
+    tasks = fixture_tasks(code_env.FIXTURE)
     assert len(tasks) >= 12
     for task in tasks:
         cases = [(t["input"], t["output"]) for t in task["tests"]]
@@ -192,7 +193,7 @@ def test_fixture_splits_are_disjoint_and_rebuild_episodes(tmp_path):
             problems[split].add(task["problem"])
     assert problems["train"] and problems["test"] and not problems["train"] & problems["test"]
     assert problems["val"] and not problems["val"] & (problems["train"] | problems["test"])
-    assert sum(map(len, problems.values())) == len(code_env.fixture_tasks(code_env.FIXTURE))
+    assert sum(map(len, problems.values())) == len(fixture_tasks(code_env.FIXTURE))
 
 
 def test_file_source_caps_train_tests_only_and_drops_test_problems_from_train(tmp_path):

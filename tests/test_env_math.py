@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pettingllms_verl.data.rows import row_task
 from pettingllms_verl.envs import make
+from pettingllms_verl.envs.base import fixture_tasks
 from pettingllms_verl.envs.math import env as math_env
 from pettingllms_verl.envs.math.grading import AnswerGrader, equivalent
 
@@ -43,7 +44,7 @@ def test_answers_are_compared_by_value(answer, expected):
 
 
 def test_every_fixture_answer_is_gradable_and_distinct_answers_are_not_equal():
-    tasks = math_env.fixture_tasks(math_env.FIXTURE)
+    tasks = fixture_tasks(math_env.FIXTURE)
     assert len(tasks) >= 20
     for task in tasks:
         assert equivalent(task["answer"], task["answer"]), task  # the gold answer parses
@@ -168,7 +169,7 @@ def test_fixture_splits_are_disjoint_and_rebuild_episodes(tmp_path):
             problems[split].add(task["problem"])
     assert not problems["train"] & problems["test"]
     assert problems["val"] and not problems["val"] & (problems["train"] | problems["test"])
-    assert sum(map(len, problems.values())) == len(math_env.fixture_tasks(math_env.FIXTURE))
+    assert sum(map(len, problems.values())) == len(fixture_tasks(math_env.FIXTURE))
 
 
 def test_file_source_with_its_own_columns_drops_test_problems_from_train(tmp_path):

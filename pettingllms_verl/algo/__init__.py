@@ -4,20 +4,7 @@ made, per sample, in ``rollout/episode.py``.
 Importing this package registers the ``at_grpo`` advantage estimator with verl.
 """
 
-from pettingllms_verl.algo.at_grpo import (
-    AT_GRPO,
-    compute_at_grpo_advantage,
-    group_ids,
-    group_stats,
-    register_at_grpo,
-    zero_variance_frac,
-)
+from pettingllms_verl.algo import at_grpo
+from pettingllms_verl.algo.at_grpo import *  # noqa: F403 - the package's names are at_grpo's own
 
-__all__ = [
-    "AT_GRPO",
-    "compute_at_grpo_advantage",
-    "group_ids",
-    "group_stats",
-    "register_at_grpo",
-    "zero_variance_frac",
-]
+__all__ = at_grpo.__all__

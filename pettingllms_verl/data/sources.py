@@ -116,8 +116,10 @@ def write_splits(splits: dict[str, list[dict]], out_dir: str, script: str) -> No
         print(f"wrote {write_parquet(rows, path)} {split} problems to {path}")
 
 
-def add_split_arguments(parser: argparse.ArgumentParser, out_dir: str, train_source: str, test_sources: list[str]) -> None:
-    """The options every problem-set script shares (sources, sizes, output directory)."""
+def split_parser(doc: str, out_dir: str, train_source: str, test_sources: list[str]) -> argparse.ArgumentParser:
+    """A problem-set script's parser with the options every such script shares (sources, sizes,
+    output directory); the script adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", default=out_dir, help="directory for train.parquet, val.parquet and test.parquet")
     parser.add_argument("--train-source", default=train_source, help="where training problems come from (see above)")
     parser.add_argument("--test-source", action="append", help=f"where test problems come from; repeat to concatenate (default: {', '.join(test_sources)})")
@@ -125,10 +127,11 @@ def add_split_arguments(parser: argparse.ArgumentParser, out_dir: str, train_sou
     parser.add_argument("--test", type=int, default=None, help="at most this many test problems (default: all)")
     parser.add_argument("--val", type=int, default=None, help="validation problems, held out of the training problems (default: a tenth, at most 500)")
     parser.set_defaults(default_test_sources=test_sources)
+    return parser
 
 
 def prepare_splits(script: str, env: str, args: argparse.Namespace, load: Callable[[str, str], list[dict]]) -> None:
-    """Load the sources of ``add_split_arguments`` with ``load(source, split)``, make train, val and
+    """Load the sources of ``split_parser`` with ``load(source, split)``, make train, val and
     test disjoint and write them; a SourceError exits with a message that names the script."""
     try:
         test_tasks = [t for source in args.test_source or args.default_test_sources for t in load(source, "test")]

@@ -14,14 +14,13 @@ Test problems keep every ground-truth test (success is judged on all of them); t
 keep at most ``--max-train-tests``. A train problem whose statement is also in the test set is dropped.
 """
 
-import argparse
 import base64
 import io
 import json
 import pickle
 import zlib
 
-from pettingllms_verl.data.sources import SourceError, add_split_arguments, column, load_records, prepare_splits
+from pettingllms_verl.data.sources import SourceError, split_parser, column, load_records, prepare_splits
 from pettingllms_verl.envs.base import fixture_tasks
 from pettingllms_verl.envs.code.env import FIXTURE
 
@@ -112,9 +111,10 @@ def load_tasks(source: str, split: str, lcb_version: str, max_train_tests: int) 
     return tasks if split == "test" else [{**t, "tests": t["tests"][:max_train_tests]} for t in tasks]
 
 
+# Alike in shape to the other problem-set script's main (its own options, then the shared split
+# writer), not in content: the shared parts are already in data/sources.py.
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_split_arguments(parser, "data/code", "code_contests-train", ["livecodebench"])
+    parser = split_parser(__doc__, "data/code", "code_contests-train", ["livecodebench"])
     parser.add_argument("--max-train-tests", type=int, default=20, help="ground-truth tests kept per training problem (test problems keep all)")
     parser.add_argument("--lcb-version", default="release_v5", help="LiveCodeBench release (its dataset config name)")
     args = parser.parse_args(argv)

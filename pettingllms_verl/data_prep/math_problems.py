@@ -10,9 +10,8 @@ Sources (``--train-source``, ``--test-source``; the latter may repeat):
 A train problem whose text also appears in the test set is dropped (the splits share none: checked).
 """
 
-import argparse
 
-from pettingllms_verl.data.sources import add_split_arguments, column, load_records, prepare_splits
+from pettingllms_verl.data.sources import split_parser, column, load_records, prepare_splits
 from pettingllms_verl.envs.base import fixture_tasks
 from pettingllms_verl.envs.math.env import FIXTURE
 
@@ -47,9 +46,10 @@ def load_tasks(source: str, split: str, problem_key: str, answer_key: str) -> li
     return [t for t in tasks if t["answer"]]
 
 
+# Alike in shape to the other problem-set script's main (its own options, then the shared split
+# writer), not in content: the shared parts are already in data/sources.py.
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_split_arguments(parser, "data/math", "deepscaler", ["aime2024", "aime2025"])
+    parser = split_parser(__doc__, "data/math", "deepscaler", ["aime2024", "aime2025"])
     parser.add_argument("--problem-key", default="problem", help="problem column of hub:/file: sources")
     parser.add_argument("--answer-key", default="answer", help="gold answer column of hub:/file: sources")
     args = parser.parse_args(argv)

@@ -147,3 +147,9 @@ def fixture_tasks(filename: str) -> tuple[dict, ...]:
     """An offline task set shipped with the package (``pettingllms_verl/data/<filename>``, JSONL)."""
     text = resources.files("pettingllms_verl.data").joinpath(filename).read_text()
     return tuple(json.loads(line) for line in text.splitlines() if line.strip())
+
+
+def fixture_task(filename: str, seed: int) -> dict:
+    """Task ``seed % N`` of a shipped task set (what ``reset(seed)`` plays without a task)."""
+    tasks = fixture_tasks(filename)
+    return tasks[seed % len(tasks)]

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from pettingllms_verl.envs.base import (
-    DEFAULT_TOOL_LIMITS, PARSE_PENALTY, TOOL_FAILURE_PENALTY, Env, StepResult, Workflow, fixture_tasks, ignored, sandbox_runs, workflow_for,
+    DEFAULT_TOOL_LIMITS, PARSE_PENALTY, TOOL_FAILURE_PENALTY, Env, StepResult, Workflow, fixture_task, ignored, sandbox_runs, workflow_for,
 )
 from pettingllms_verl.envs.math import prompts
 from pettingllms_verl.envs.math.grading import MAX_ANSWER_CHARS, equivalent
@@ -62,9 +62,7 @@ class MathEnv(Env):
         self.tool_limits = SandboxLimits(**{**DEFAULT_TOOL_LIMITS, **config.get("tool_limits", {})})
 
     def reset(self, seed: int, task: dict | None = None) -> None:
-        if task is None:
-            tasks = fixture_tasks(FIXTURE)
-            task = tasks[seed % len(tasks)]
+        task = fixture_task(FIXTURE, seed) if task is None else task
         if not isinstance(task.get("problem"), str) or not isinstance(task.get("answer"), str):
             raise ValueError(f"math task needs string 'problem' and 'answer', got keys {sorted(task)}")
         self.problem, self.answer = task["problem"], task["answer"]
@@ -84,6 +82,8 @@ class MathEnv(Env):
     def global_reward(self) -> float:
         return 1.0 if self.success else 0.0
 
+    # workflow, observation and step: the Env contract's per-role dispatch, alike in shape across the
+    # two-role envs and kept in each so that an env's rules read top to bottom in one file
     def workflow(self, mode: str) -> Workflow:
         return workflow_for(mode, mas=("tool", "reasoner"), sa=("reasoner",), max_turns=self.max_turns)
 

@@ -1,0 +1,32 @@
+"""What the data scripts of the generated environments (Plan-Path, Sokoban, Sudoku, Tic-Tac-Toe,
+Hanabi) share: their common options and the write of disjoint splits."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Callable, Hashable
+
+from pettingllms_verl.data.rows import write_parquet
+from pettingllms_verl.envs.splits import generate_splits, task_key
+
+
+def split_parser(doc: str, env: str, noun: str, train: int, val: int, test: int) -> argparse.ArgumentParser:
+    """``--out-dir``, ``--train``, ``--val``, ``--test``; the script adds its env's options."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--out-dir", default=f"data/{env}", help="directory for the parquet files (train, val, test)")
+    parser.add_argument("--train", type=int, default=train, help=f"number of training {noun}")
+    parser.add_argument("--val", type=int, default=val, help=f"number of validation {noun} (to choose checkpoints on)")
+    parser.add_argument("--test", type=int, default=test, help=f"number of test {noun}")
+    return parser
+
+
+def write_generated(
+    env: str, out_dir: str, counts: dict[str, int], config: dict[str, Any], noun: str,
+    key: Callable[[dict], Hashable] = task_key, name: str | None = None,
+) -> None:
+    """Generate disjoint splits (``counts``: split -> tasks) and write each as ``<out_dir>/<split>.parquet``
+    (with ``name``: one split, written as ``<out_dir>/<name>.parquet``)."""
+    for split, rows in generate_splits(env, counts, config, key=key).items():
+        path = os.path.join(out_dir, f"{name or split}.parquet")
+        print(f"wrote {write_parquet(rows, path)} {name or split} {noun} to {path}")
