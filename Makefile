@@ -2,13 +2,15 @@
 #   make quickstart   install into .venv, build the tiny model + data, run GRPO through verl's main_ppo
 #   make test         install into .venv if missing, run the test suite
 # Any recipe: make run RECIPE=<name> [ARGS="<hydra overrides>"] builds the models and data it reads
-# under $(ARTIFACTS) (where missing) and launches it; examples/*.sh call these targets.
+# under $(ARTIFACTS) (where missing) and launches it; examples/*.sh call these targets. ARGS is split
+# at spaces: an override with a space or a quote in it belongs in a recipe, or on main_ppo's own command line.
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
 # The Python that runs everything: this venv (installed on first use), or yours: make ... PY=python
 PY := $(VENV)/bin/python
 INSTALLED := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)
-ARTIFACTS ?= $(CURDIR)/artifacts
+# where models, data and checkpoints go: ARTIFACTS=..., else $PETTINGLLMS_ARTIFACTS, else ./artifacts
+ARTIFACTS ?= $(or $(PETTINGLLMS_ARTIFACTS),$(CURDIR)/artifacts)
 QUICKSTART_STEPS ?= 3
 CKPT_DIR := $(ARTIFACTS)/checkpoints/quickstart_cpu
 export PETTINGLLMS_ARTIFACTS := $(ARTIFACTS)

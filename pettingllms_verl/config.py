@@ -8,11 +8,14 @@ pettingllms:
   k: 4                     # branches per tree node (tree mode; use rollout.n=1)
   alpha: 1.0               # mixed reward = alpha * global (team) + local (role) reward
   env_kwargs: {}           # passed to pettingllms_verl.envs.make(name, **env_kwargs)
+  envs:                    # your own environments: the rows' env name -> class, registered in every worker
+    relay: relay_env.env:RelayEnv
   policies:                # name -> policy; none listed = one policy "shared" (L0)
     planner: {}                                          # actor_rollout_ref as configured
     solver: {overrides: {model: {path: /models/other}}, trainable: false}
   roles:                   # per role: which policy acts, and sampling overrides
     plan: {policy: planner, sampling: {temperature: 1.0, max_tokens: 48}, val_sampling: {}}
+    tool: {policy: solver, reward: "my_pkg.rewards:tool_reward"}   # your function replaces the env's role reward
   paths:                   # where things are read and written
     artifacts: /data/pettingllms   # models, data and checkpoints (recipes interpolate ${pettingllms.paths.artifacts})
     batch_dump_dir: null           # set: each step's training rows as JSONL

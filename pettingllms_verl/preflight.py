@@ -156,6 +156,7 @@ def _check_policies(config: DictConfig) -> None:
     """The ``pettingllms`` section: schema, policies (models, tokenizers, pools), roles vs the env."""
     from pettingllms_verl import envs
     from pettingllms_verl.config import ADAPTER_GROUP, SECTION, SettingsError, load
+    from pettingllms_verl.targets import TargetError
 
     try:
         settings = load(config.pettingllms)
@@ -165,12 +166,17 @@ def _check_policies(config: DictConfig) -> None:
         if row is not None:
             env_name, seed, task = row
             try:
-                env = envs.make(env_name, **settings.env_kwargs)
+                envs.env_class(env_name)
             except KeyError as error:
                 raise ConfigError(
                     f"{SECTION}.envs.{env_name}", f"data.train_files names the environment {env_name!r}: {error.args[0]}",
-                    f"set {SECTION}.envs.{env_name}='package.module:Class', or install the package that declares it",
+                    f"name its class in the recipe ({SECTION}: {{envs: {{{env_name}: package.module:Class}}}}, or "
+                    f"+{SECTION}.envs.{env_name}=package.module:Class on the command line), or install the package that declares it",
                 ) from None
+            except (TargetError, TypeError) as error:
+                raise ConfigError(f"{SECTION}.envs.{env_name}", str(error), "fix or install the environment's package") from None
+            try:
+                env = envs.make(env_name, **settings.env_kwargs)
             except (ValueError, TypeError) as error:
                 key = f"{SECTION}.env_kwargs" + (f".{error.option}" if isinstance(error, envs.UnknownEnvOption) else "")
                 raise ConfigError(key, str(error), "use the options the error names (or drop the key)") from None

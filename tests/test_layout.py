@@ -14,14 +14,31 @@ PACKAGES = sorted(path.parent.name for path in ENVS_DIR.glob("*/env.py"))
 
 
 def _imports(path: Path) -> set[str]:
-    """The ``pettingllms_verl`` modules ``path`` imports (``from a import b`` counts as ``a.b``)."""
+    """The ``pettingllms_verl`` modules ``path`` imports (see ``_imports_of``)."""
+    return _imports_of(path.read_text(), ".".join(path.relative_to(ENVS_DIR.parents[1]).with_suffix("").parts[:-1]))
+
+
+def _imports_of(source: str, package: str) -> set[str]:
+    """The ``pettingllms_verl`` modules ``source`` (a module of ``package``) imports: ``from a import b``
+    counts as ``a.b``; relative imports are resolved against ``package``."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
     return {name for name in found if name.startswith("pettingllms_verl.")}
+
+
+def test_relative_imports_are_read_too():
+    assert _imports(ENVS_DIR / "plan_path" / "env.py") >= {"pettingllms_verl.envs.plan_path.prompts.PROMPTS"}
+    source = "from ..sokoban import env\nfrom . import prompts\nfrom .prompts import PROMPTS\n"
+    assert _imports_of(source, "pettingllms_verl.envs.plan_path") == {
+        "pettingllms_verl.envs.sokoban.env", "pettingllms_verl.envs.plan_path.prompts",
+        "pettingllms_verl.envs.plan_path.prompts.PROMPTS",
+    }
 
 
 def _envs_part(module: str) -> str | None:

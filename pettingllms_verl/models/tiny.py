@@ -34,12 +34,13 @@ def corpus(seed: int, episodes_per_env: int = 20) -> list[str]:
     """Training text for the tokenizer: observations of every registered environment, plus
     digits, moves and Python, so prompts and plausible replies tokenise compactly."""
     from pettingllms_verl import envs
+    from pettingllms_verl.targets import TargetError
 
     texts = []
     for name in envs.available():
         try:
             env = envs.make(name)
-        except ImportError:
+        except TargetError:
             continue  # an environment whose optional dependency is absent adds no text
         for episode in range(episodes_per_env):
             env.reset(seed=seed * 100_003 + episode)

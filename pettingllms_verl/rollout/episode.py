@@ -34,7 +34,8 @@ Generate = Callable[[str, list[int], int], Awaitable[list[tuple[list[int], list[
 Render = Callable[[Messages], list[int]]
 Decode = Callable[[list[int]], str]
 # A user's reward for one role's reply (``pettingllms.roles.<role>.reward``), called with keywords
-# role, reply (the decoded text), result (the env's StepResult) and env (the branch after the step)
+# role, reply (the decoded text), result (the env's StepResult) and env (the branch after the step);
+# the K branches of a node call it at once, from K threads: it must be thread-safe
 RewardFn = Callable[..., float]
 ENV_LOCAL_REWARD = "env_local_reward"  # StepResult.info key: the env's own local reward, where a RewardFn replaced it
 
@@ -104,7 +105,7 @@ def best_branch(rewards: Sequence[float]) -> int:
 
 def _step(env: Env, role: str, text: str, reward: RewardFn | None) -> StepResult:
     result = env.step(role, text)
-    if reward is None:
+    if reward is None or "ignored" in result.info:  # a reply the env ignored (episode over) earns nothing
         return result
     local = float(reward(role=role, reply=text, result=result, env=env))
     return StepResult(local, result.parse_ok, {**result.info, ENV_LOCAL_REWARD: result.local_reward})
