@@ -17,11 +17,56 @@ from pettingllms_verl.trainer.shared_prefix import (  # noqa: E402
     pack,
     partition,
     prompt_lengths,
+    ranks_of_groups,
     split_to,
 )
 
 
 # ------------------------------------------------------------------ pure functions
+
+
+def _rank_of(partitions):
+    return {row: rank for rank, rows in enumerate(partitions) for row in rows}
+
+
+def test_ranks_get_whole_groups_the_same_row_count_and_balanced_work():
+    # 4 groups of K = 4 (workloads 8, 6, 5, 3 per row) over 2 ranks: whole groups, 8 rows each
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    work = [8.0] * 4 + [6.0] * 4 + [5.0] * 4 + [3.0] * 4
+    partitions = ranks_of_groups(groups, work, 2)
+    assert sorted(r for rows in partitions for r in rows) == list(range(16)) and [len(p) for p in partitions] == [8, 8]
+    rank = _rank_of(partitions)
+    assert all(len({rank[r] for r in group}) == 1 for group in groups)  # no group spread over ranks
+    assert sorted(sum(work[r] for r in rows) for rows in partitions) == [44.0, 44.0]  # 8+3 | 6+5, per row x 4
+    for rows in partitions:  # a group's rows adjacent within its rank
+        for group in groups:
+            at = [rows.index(r) for r in group if r in rows]
+            assert at == list(range(at[0], at[0] + len(at))) if at else True
+
+
+def test_verl_row_balancing_would_spread_groups_over_ranks():
+    """Why the trainer balances groups, not rows: verl's balancing (equal-size partitions by
+    workload) puts one group's rows on several ranks, where their prompt is computed again."""
+    from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
+
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    work = [8, 8, 8, 7, 6, 6, 6, 5, 5, 5, 4, 4, 3, 3, 3, 2]
+    verl = _rank_of(get_seqlen_balanced_partitions(work, k_partitions=2, equal_size=True))
+    ours = _rank_of(ranks_of_groups(groups, [float(w) for w in work], 2))
+    assert sum(len({verl[r] for r in group}) > 1 for group in groups) > 0
+    assert sum(len({ours[r] for r in group}) > 1 for group in groups) == 0
+
+
+def test_a_group_no_rank_has_room_for_is_cut_over_the_least_loaded_ranks():
+    # 3 groups of 4 over 2 ranks of 6 rows: two fit whole, the third is cut 2 + 2
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    partitions = ranks_of_groups(groups, [3.0] * 4 + [2.0] * 4 + [1.0] * 4, 2)
+    assert [len(p) for p in partitions] == [6, 6]
+    rank = _rank_of(partitions)
+    assert rank[0] == rank[3] and rank[4] == rank[7] and rank[0] != rank[4]
+    assert sorted(partitions[rank[0]][-2:] + partitions[rank[4]][-2:]) == [8, 9, 10, 11]
+    with pytest.raises(ValueError, match="7 rows do not split evenly over 2 ranks"):
+        ranks_of_groups([[0, 1, 2, 3], [4, 5, 6]], [1.0] * 7, 2)
 
 
 def test_partition_keeps_groups_whole_and_counts_a_shared_prompt_once():

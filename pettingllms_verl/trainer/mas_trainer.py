@@ -35,12 +35,14 @@ from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
 from verl.checkpoint_engine import CheckpointEngineManager
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, create_colocated_worker_cls
+from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
+from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.llm_server import LLMServerManager
 
@@ -50,7 +52,7 @@ from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
-from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker
+from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
 
 PARTIAL_SUFFIX = ".partial"  # a step folder being written; renamed to global_step_N when complete
 
@@ -275,23 +277,31 @@ class MASTrainer(PPOTrainerSync):
         return batch
 
     def _balance_batch(self, batch: KVBatchMeta, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
-        """verl's padding and balancing over data-parallel ranks; then, with the shared-prefix
-        forward on, the rows of each rank's share ordered so that an AT-GRPO group's rows (the K
-        branches of one prompt) are adjacent: mini-batches are cut from that order."""
-        batch = super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+        """verl's padding and balancing over data-parallel ranks; with the shared-prefix forward on,
+        balanced by whole AT-GRPO groups instead of rows (``shared_prefix.ranks_of_groups``), so the
+        K branches of one prompt land on one rank, adjacent, and share their prompt's forward there."""
         if not self.config.actor_rollout_ref.actor.get("use_prefix_grouper", False):
-            return batch
+            return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+        dp_size = self._dp_size()
+        batch = upsample_batch_to_divisible_size(batch, self._get_required_batch_multiple(dp_size), self.tokenizer.eos_token_id)
+        seq_lens = [int(tag["seq_len"]) for tag in batch.tags]
         tags = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"]
-        groups = [tag.get("mas_group", ("row", i)) if isinstance(tag, dict) else ("row", i) for i, tag in enumerate(tags)]
-        share = len(groups) // (max(self.actor_rollout_wg._dispatch_info["actor"]) + 1)  # rows per rank (verl's dispatch)
-        order = []
-        for start in range(0, len(groups), share):
-            first_seen: dict = {}
-            for i in range(start, start + share):
-                first_seen.setdefault(repr(groups[i]), len(first_seen))
-            order += sorted(range(start, start + share), key=lambda i: first_seen[repr(groups[i])])
-        batch.reorder(order)
+        groups: dict[str, list[int]] = {}
+        for i, (tag, meta) in enumerate(zip(tags, batch.tags)):  # verl's padding rows copy row 0's tags: each stands alone
+            real = isinstance(tag, dict) and "mas_group" in tag and not meta.get("is_padding")
+            groups.setdefault(tag["mas_group"] if real else f"row{i}", []).append(i)
+        workloads = calculate_workload(torch.tensor(seq_lens, dtype=torch.int64)).tolist()
+        partitions = ranks_of_groups(list(groups.values()), workloads, dp_size)
+        batch.reorder([i for rows in partitions for i in rows])
+        metrics.update(log_seqlen_unbalance(seqlen_list=seq_lens, partitions=partitions, prefix=logging_prefix))
         return batch
+
+    def _dp_size(self) -> int:
+        """The actor's data-parallel size (verl's dispatch info, queried once as verl does)."""
+        wg = self.actor_rollout_wg
+        if "actor" not in wg._dispatch_info:
+            wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
+        return max(wg._dispatch_info["actor"]) + 1
 
     def _group_of(self, policy: str) -> PolicyGroup:
         return self.groups[self.group_of[policy]]

@@ -115,6 +115,35 @@ def split_to(parts: list[list[int]], count: int) -> list[list[int]]:
     return parts
 
 
+def ranks_of_groups(groups: list[list[int]], workloads: list[float], ranks: int) -> list[list[int]]:
+    """The rows of a batch over ``ranks`` data-parallel ranks, the same number each (verl's dispatch
+    cuts the batch into equal chunks), balanced by workload like verl's balancing, but with every
+    group whole on one rank where a rank has room for it: the heaviest group first, to the least
+    loaded rank that can take it. A group no rank has room for is cut over the least loaded ranks
+    (each part still shares its prompt there). Each rank's rows keep a group's rows adjacent.
+
+    groups: row-index lists covering ``range(n)``; workloads: (n,); n divisible by ``ranks``.
+    """
+    n = sum(map(len, groups))
+    if n % ranks:
+        raise ValueError(f"{n} rows do not split evenly over {ranks} ranks")
+    room, load = [n // ranks] * ranks, [0.0] * ranks
+    rows: list[list[int]] = [[] for _ in range(ranks)]
+    weight = lambda group: sum(workloads[r] for r in group)  # noqa: E731
+    for group in sorted(groups, key=lambda g: (-weight(g), g[0])):
+        fits = [rank for rank in range(ranks) if room[rank] >= len(group)]
+        targets = [min(fits, key=lambda rank: (load[rank], rank))] if fits else sorted(range(ranks), key=lambda rank: (load[rank], rank))
+        rest = list(group)
+        for rank in targets:
+            part, rest = rest[: room[rank]], rest[room[rank] :]
+            rows[rank] += part
+            room[rank] -= len(part)
+            load[rank] += weight(part)
+            if not rest:
+                break
+    return rows
+
+
 @dataclass
 class Packed:
     """A micro-batch with each group's prompt once: the groups' sequences back to back in one row
