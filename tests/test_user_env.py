@@ -6,7 +6,6 @@ in the driver, naming the key."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,14 +15,9 @@ from pettingllms_verl import envs
 from pettingllms_verl.envs.base import StepResult
 from pettingllms_verl.preflight import ConfigError, check
 from pettingllms_verl.rollout.episode import ENV_LOCAL_REWARD
+from test_wheel import _run  # a command that must succeed, its output in the failure
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "relay_env"
-
-
-def _run(argv, **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=1200, **kwargs)
-    assert result.returncode == 0, (argv, result.stdout[-4000:], result.stderr[-4000:])
-    return result
 
 
 @pytest.fixture(scope="module")
