@@ -380,6 +380,24 @@ def test_the_cap_is_per_machine_and_a_dead_holder_frees_its_slots():
     assert results[0].stdout == "ran\n"
 
 
+def test_a_run_waits_for_a_slot_only_so_long_then_says_who_holds_them(monkeypatch):
+    """Slots held and never given back (a wedged process): the wait ends at its bound with an
+    error naming the slot folder; once a slot is free, runs go on."""
+    held = [os.open(os.path.join(client.SLOTS_DIR, f"slot-{slot}"), os.O_RDONLY | os.O_CREAT, 0o666) for slot in range(client.MAX_PARALLEL)]
+    try:
+        for fd in held:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: it conflicts with run_python's own
+        monkeypatch.setattr(client, "_SLOT_WAIT_S", 0.3)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=f"all {client.MAX_PARALLEL} run slots of this machine .* stayed taken for 0.3 s"):
+            run_python("print(1)")
+        assert time.monotonic() - start < 10
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert run_python("print(2)").stdout == "2\n"
+
+
 def test_concurrent_calls_do_not_mix_outputs():
     n_calls = 16
     results: dict[int, SandboxResult] = {}

@@ -23,6 +23,9 @@ from pettingllms_verl.sandbox.protocol import recv_frame, send_frame
 # Beyond its wall limit a run may also wait its turn behind MAX_PARALLEL others; a reply later
 # than this means the server is wedged, which is raised, never waited out.
 _REPLY_GRACE_S = 300.0
+# A run waits this long at most for one of the machine's slots; longer means another process
+# holds them without running anything (wedged), which is raised, never waited out.
+_SLOT_WAIT_S = 300.0
 _SERVER_START_TIMEOUT_S = 30.0
 # Runs beyond this wait, so a burst of rollouts cannot starve the trainer. The cap holds per
 # machine: every rollout worker starts its own server, and they share the slots below.
@@ -167,7 +170,7 @@ def _machine_slot():
     MAX_PARALLEL files, which the kernel releases if the holder dies, so no slot is ever lost."""
     _make_slots_dir()
     order = random.sample(range(MAX_PARALLEL), MAX_PARALLEL)  # spread callers over the slots
-    wait_s = 0.001
+    wait_s, deadline = 0.001, time.monotonic() + _SLOT_WAIT_S
     while True:
         for slot in order:
             fd = _open_slot(slot)
@@ -181,6 +184,11 @@ def _machine_slot():
             finally:
                 os.close(fd)  # releases the lock
             return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"sandbox: all {MAX_PARALLEL} run slots of this machine ({SLOTS_DIR}) stayed taken for {_SLOT_WAIT_S:g} s; "
+                "another process holds them (`fuser -v` on the slot files names it)"
+            )
         time.sleep(wait_s)  # every slot busy: poll (a blocking flock would wait on one slot only)
         wait_s = min(2 * wait_s, 0.02)
 
