@@ -137,9 +137,12 @@ def workflow_for(mode: str, mas: tuple[str, ...], sa: tuple[str, ...], max_turns
     return Workflow(orders[mode], max_turns)
 
 
+IGNORED = "ignored"  # StepResult.info key of a reply the env ignored, with the reason
+
+
 def ignored(reason: str) -> StepResult:
     """The result of a reply that changes nothing and earns nothing (episode over, not the role's turn)."""
-    return StepResult(0.0, True, {"ignored": reason})
+    return StepResult(0.0, True, {IGNORED: reason})
 
 
 @lru_cache(maxsize=None)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
-from pettingllms_verl.envs.base import SANDBOX_RUNS, Env, StepResult
+from pettingllms_verl.envs.base import IGNORED, SANDBOX_RUNS, Env, StepResult
 from pettingllms_verl.envs.text import Messages
 
 # Why an episode ended: None = the environment finished it.
@@ -105,7 +105,7 @@ def best_branch(rewards: Sequence[float]) -> int:
 
 def _step(env: Env, role: str, text: str, reward: RewardFn | None) -> StepResult:
     result = env.step(role, text)
-    if reward is None or "ignored" in result.info:  # a reply the env ignored (episode over) earns nothing
+    if reward is None or IGNORED in result.info:  # a reply the env ignored (episode over) earns nothing
         return result
     local = float(reward(role=role, reply=text, result=result, env=env))
     return StepResult(local, result.parse_ok, {**result.info, ENV_LOCAL_REWARD: result.local_reward})
