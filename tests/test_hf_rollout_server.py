@@ -11,11 +11,13 @@ from omegaconf import OmegaConf
 
 from verl.workers.config import RolloutConfig
 
+from pettingllms_verl.backends.hf import rollout as hf_rollout
 from pettingllms_verl.backends.hf.rollout import (
     HFRolloutServer,
     HFServerAdapter,
     claim_device,
     server_actor_name,
+    quiet_gap,
     server_options,
 )
 
@@ -55,6 +57,33 @@ def test_concurrent_requests_are_batched(server, chat_ids):
     for out in outs:
         assert 0 < len(out.token_ids) <= 8 and len(out.log_probs) == len(out.token_ids)
         assert out.stop_reason == "completed"
+
+
+def test_requests_that_trickle_in_share_one_engine_call(rollout_config, tiny_model_dir, chat_ids, monkeypatch):
+    """Episodes start (and plan requests follow their sandboxed tool runs) one after another: each
+    request arriving within the quiet gap joins the pending batch instead of starting a cohort of
+    its own. The gap (1 s here) is 100x the spacing of the requests."""
+    monkeypatch.setattr(hf_rollout, "BATCH_MAX_GAP_S", 1.0)
+    monkeypatch.setattr(hf_rollout, "BATCH_MAX_WAIT_S", 30.0)
+    server = HFRolloutServer(rollout_config, OmegaConf.create({"path": tiny_model_dir}), 0)
+
+    async def trickle():
+        requests = []
+        for i in range(6):
+            requests.append(asyncio.ensure_future(server.generate(f"r{i}", chat_ids(f"episode {i}"), {"temperature": 0.0})))
+            await asyncio.sleep(0.01)
+        return await asyncio.gather(*requests)
+
+    outs = asyncio.run(trickle())
+    assert server.generate_calls == 1
+    assert all(0 < len(out.token_ids) <= 8 for out in outs)
+
+
+def test_the_quiet_gap_is_a_share_of_the_last_call_within_bounds():
+    assert quiet_gap(None) == hf_rollout.BATCH_MAX_GAP_S  # nothing timed yet: wait the most
+    assert quiet_gap(0.01) == hf_rollout.BATCH_WINDOW_S  # a fast engine (the tiny model) waits the least
+    assert quiet_gap(2.0) == pytest.approx(hf_rollout.BATCH_WAIT_FRACTION * 2.0)
+    assert quiet_gap(600.0) == hf_rollout.BATCH_MAX_GAP_S
 
 
 def test_prompt_longer_than_the_budget_is_refused(server):

@@ -175,6 +175,7 @@ def swap_pair(cfg: DictConfig, swap: list[str] | None) -> list[str] | None:
 def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str) -> list[str]:
     """``main_ppo`` arguments of a run: validation only, on its split, episodes logged to ``run_dir``."""
     args = [
+        *_rollout_threads(run.config),
         *run.overrides,
         "trainer.val_only=true",
         "trainer.val_before_train=true",
@@ -191,6 +192,15 @@ def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str) -> list[str
     if run.swap:
         args.append(f"++pettingllms.swap_policies=[{run.swap[0]},{run.swap[1]}]")
     return args
+
+
+def _rollout_threads(cfg: DictConfig) -> list[str]:
+    """On CPU the ``hf`` rollout server takes one thread, leaving the others to the trainer; an
+    evaluation trains nothing, so the server gets every core (a run's ``--set`` still wins)."""
+    if cfg.actor_rollout_ref.rollout.name != "hf" or cfg.trainer.get("device") != "cpu":
+        return []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return [f"++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={cores}"]
 
 
 def method_of(cfg: DictConfig) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any, Generator
 
 import ray
@@ -32,8 +33,23 @@ from pettingllms_verl.config import rollout_policy
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
-# How long the batcher waits for more concurrent requests before starting a generate call.
+# The batcher starts a generate call once no further request has come for a quiet gap:
+# BATCH_WAIT_FRACTION of the last call's duration, within [BATCH_WINDOW_S, BATCH_MAX_GAP_S] (the most
+# until a call has been timed). Requests that trickle in (episodes starting one after another, each
+# plan request after its tool program ran in the sandbox) so share one call instead of splitting the
+# episodes into cohorts that stay out of step for the rest of the batch, and a lone request waits a
+# small share of its own call. The first pending request waits at most BATCH_MAX_WAIT_S in all.
 BATCH_WINDOW_S = 0.005
+BATCH_WAIT_FRACTION = 0.05
+BATCH_MAX_GAP_S = 0.25
+BATCH_MAX_WAIT_S = 1.0
+
+
+def quiet_gap(last_call_s: float | None) -> float:
+    """Seconds without a new request after which the batcher starts a generate call."""
+    if last_call_s is None:
+        return BATCH_MAX_GAP_S
+    return min(max(BATCH_WINDOW_S, BATCH_WAIT_FRACTION * last_call_s), BATCH_MAX_GAP_S)
 
 
 def _engine_kwargs(rollout_config: Any) -> dict:
@@ -126,6 +142,7 @@ class HFRolloutServer:
         self.global_steps: int | None = None
         self.adapter_steps: dict[str, int | None] = {}  # adapter -> global step of its weights
         self.generate_calls = 0  # engine calls; exposed for tests and benchmarks
+        self._last_call_s: float | None = None  # how long the last engine call took: sets the batcher's quiet gap
         self._pending: list[tuple[list[int], SamplingSpec, str | None, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
@@ -163,13 +180,13 @@ class HFRolloutServer:
     async def _serve_batches(self) -> None:
         while True:
             await self._wakeup.wait()
-            await asyncio.sleep(BATCH_WINDOW_S)  # let concurrent requests join this batch
-            self._wakeup.clear()
+            await self._gather()
             batch, self._pending = self._pending, []
             if not batch:
                 continue
             prompts, specs, adapters, futures = zip(*batch)
             self.generate_calls += 1
+            started = time.perf_counter()
             try:
                 outputs = await asyncio.to_thread(self.engine.generate, list(prompts), list(specs), list(adapters))
             except Exception as error:  # report to every waiting caller instead of dying silently
@@ -177,9 +194,24 @@ class HFRolloutServer:
                     if not future.done():
                         future.set_exception(error)
                 continue
+            finally:
+                self._last_call_s = time.perf_counter() - started
             for future, output in zip(futures, outputs):
                 if not future.done():
                     future.set_result(output)
+
+    async def _gather(self) -> None:
+        """Let more requests join the pending ones: wait until a quiet gap passes without one (see
+        BATCH_WAIT_FRACTION) or BATCH_MAX_WAIT_S has gone by."""
+        loop = asyncio.get_running_loop()
+        gap = quiet_gap(self._last_call_s)
+        deadline = loop.time() + BATCH_MAX_WAIT_S
+        while True:
+            self._wakeup.clear()
+            arrived = len(self._pending)
+            await asyncio.sleep(max(0.0, min(gap, deadline - loop.time())))
+            if len(self._pending) == arrived or loop.time() >= deadline:
+                return
 
     async def update_weights(self, named_tensors: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         loaded = await asyncio.to_thread(self.engine.load_weights, named_tensors)
