@@ -282,6 +282,28 @@ def test_common_prefixes_are_shared_per_adapter(engine, adapters, chat_ids):
         torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
 
 
+def test_a_call_with_one_adapter_runs_it_as_the_active_adapter(engine, adapters, chat_ids, monkeypatch):
+    """peft's per-row mixed batch is for calls with several adapters; one adapter (or the base alone)
+    takes peft's plain forward, with the same log-probs."""
+    reference, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    prompts = [chat_ids(RULES + tail) for tail in ("A", "BB", "CCC")]
+    activated, activate = [], engine.model.set_adapter
+    monkeypatch.setattr(engine.model, "set_adapter", lambda name: (activated.append(name), activate(name))[1])
+    for name in ("coder", None):
+        torch.manual_seed(5)
+        outs = engine.generate(prompts, [SamplingSpec(max_tokens=8, temperature=0.7)] * 3, adapters=[name] * 3)
+        for prompt, out in zip(prompts, outs):
+            if name is None:
+                with reference.disable_adapter():
+                    expected = reference_log_probs(reference, prompt, out.token_ids, temperature=0.7)
+            else:
+                reference.set_adapter(name)
+                expected = reference_log_probs(reference, prompt, out.token_ids, temperature=0.7)
+            torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
+    assert activated == ["coder"]  # the base alone ran with the adapters disabled, not activated
+
+
 def test_adapter_log_probs_equal_a_direct_forward_with_that_adapter(engine, adapters, chat_ids):
     reference, tensors = adapters
     engine = with_adapters(engine, tensors)
