@@ -49,6 +49,7 @@ $(ARTIFACTS)/data/%/train.parquet: | recipes/base/data/%.yaml $(INSTALLED)
 	@cmd="$(PY) $$(sed -n 's|^#   python \(data_prep/.*\)$$|\1|p' recipes/base/data/$*.yaml)"; echo "+ $$cmd"; eval "$$cmd"
 
 data-%: $(ARTIFACTS)/data/%/train.parquet ;
+.PRECIOUS: $(ARTIFACTS)/data/%/train.parquet  # built through the data-% pattern: without this make deletes it as an intermediate
 
 model: $(ARTIFACTS)/tiny_model/config.json
 data: $(ARTIFACTS)/data/quickstart/train.parquet
