@@ -3,7 +3,6 @@ checkpoint choice on the val split, and reading episode logs into tables (damage
 The end-to-end evaluation of a trained checkpoint is in ``test_policies_e2e.py``."""
 
 import json
-import os
 
 import pytest
 
@@ -194,12 +193,11 @@ def main_plots(argv):
 def test_on_cpu_the_evaluation_gives_the_rollout_server_every_core_and_a_set_still_wins(env):
     """An evaluation trains nothing: the hf server takes every core instead of the one it keeps in
     training; a GPU recipe (vLLM) is left alone."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     key = "actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads"
     user = f"{key}=1"
     cpu = runs.Run("l", RECIPE, runs.compose(RECIPE, [], runs.RECIPES_DIR), "plan_path", "x.parquet", None, [user])
     args = runs.main_ppo_overrides(cpu, None, "/tmp/x")
-    assert args.index(f"++{key}={cores}") < args.index(user)  # Hydra applies the later one: the user's
+    assert args.index(f"++{key}={runs.usable_cores()}") < args.index(user)  # Hydra applies the later one: the user's
     gpu_recipe = "plan_path_mas_atgrpo_qwen3_1p7b"
     gpu = runs.Run("g", gpu_recipe, runs.compose(gpu_recipe, [], runs.RECIPES_DIR), "plan_path", "x.parquet", None)
     assert not any("torch_threads" in arg for arg in runs.main_ppo_overrides(gpu, None, "/tmp/x"))

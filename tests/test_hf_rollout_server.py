@@ -16,8 +16,8 @@ from pettingllms_verl.backends.hf.rollout import (
     HFRolloutServer,
     HFServerAdapter,
     claim_device,
-    server_actor_name,
     quiet_gap,
+    server_actor_name,
     server_options,
 )
 

@@ -199,8 +199,12 @@ def _rollout_threads(cfg: DictConfig) -> list[str]:
     evaluation trains nothing, so the server gets every core (a run's ``--set`` still wins)."""
     if cfg.actor_rollout_ref.rollout.name != "hf" or cfg.trainer.get("device") != "cpu":
         return []
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return [f"++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={cores}"]
+    return [f"++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={usable_cores()}"]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it, else all of them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def method_of(cfg: DictConfig) -> str:

@@ -194,7 +194,7 @@ class HFGenerationEngine:
         mixed = len(set(adapters)) > 1
         kwargs.update(self._adapter_kwargs(adapters, mixed))
         recorder = _SampledTokenLogProbs(1.0 if spec.greedy else spec.temperature)
-        with self._lock, self._serving(adapters):
+        with self._lock, self._serving(adapters, mixed):
             cache = self._shared_prefill(prompts, adapters, mixed, cuts, input_ids, attention_mask)
             if cache is not None:
                 kwargs.update(past_key_values=cache)
@@ -300,13 +300,13 @@ class HFGenerationEngine:
         return {"adapter_names": [a or BASE_ADAPTER for a in adapters]} if isinstance(self.model, PeftModel) and mixed else {}
 
     @contextlib.contextmanager
-    def _serving(self, adapters: list[str | None]):
-        """The adapter state of one call: several adapters are named per row (``_adapter_kwargs``);
-        one adapter is made peft's active adapter; only the base runs with the adapters disabled."""
-        names = set(adapters)
-        if not isinstance(self.model, PeftModel) or len(names) > 1:
+    def _serving(self, adapters: list[str | None], mixed: bool):
+        """The adapter state of one call: several adapters (``mixed``) are named per row
+        (``_adapter_kwargs``); one adapter is made peft's active adapter; only the base runs with the
+        adapters disabled."""
+        if not isinstance(self.model, PeftModel) or mixed:
             yield
-        elif None in names:
+        elif adapters[0] is None:
             with self.model.disable_adapter():
                 yield
         else:
