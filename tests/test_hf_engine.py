@@ -347,3 +347,31 @@ def test_base_weight_updates_still_apply_under_adapters(engine, adapters, update
     engine.load_weights(dict(actor.state_dict()))  # transformers names, mapped past peft's base_layer
     for name, tensor in actor.state_dict().items():
         assert torch.equal(engine._base_state()[name].cpu(), tensor), name
+
+
+def test_the_cpu_rollout_attention_leaves_grouped_kv_heads_unrepeated_and_equals_sdpa(tmp_path, chat_ids, monkeypatch):
+    """A grouped-query model (2 query heads, 1 KV head), a batch whose mask has holes (rows of
+    different lengths behind a shared prefix): the CPU rollout's attention gives transformers' sdpa
+    tokens and log-probs, and torch receives K/V with their own head count (sdpa repeats them)."""
+    from pettingllms_verl.backends.hf import attention
+    from pettingllms_verl.models.tiny import build
+
+    path = build(str(tmp_path / "gqa"), seed=0, num_key_value_heads=1)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    rules = "Rules: move on the grid with U D L R, never into a wall; answer in <answer>...</answer>. "
+    prompts = [chat_ids(rules + task) for task in ("Sum 1 2", "Go from (0,0) to (3,4) on a grid with walls", "x")]
+    kv_heads = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: kv_heads.append(k.shape[1]) or sdpa(q, k, v, **kw))
+    outs = {}
+    for name in ("sdpa", attention.register()):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=name)
+        engine = HFGenerationEngine(model, tokenizer)
+        kv_heads.clear()
+        torch.manual_seed(1)
+        outs[name] = engine.generate(prompts * 2, [SamplingSpec(max_tokens=10, temperature=0.8)] * 6)
+        assert (2 in kv_heads) if name == "sdpa" else set(kv_heads) == {1}  # sdpa repeats K/V under a mask
+    for ours, theirs in zip(outs[attention.NAME], outs["sdpa"]):
+        assert ours.token_ids == theirs.token_ids
+        torch.testing.assert_close(torch.tensor(ours.log_probs), torch.tensor(theirs.log_probs), atol=1e-5, rtol=0)

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from verl.workers.config import RolloutConfig
 
+from pettingllms_verl.backends.hf import attention
 from pettingllms_verl.backends.hf import rollout as hf_rollout
 from pettingllms_verl.backends.hf.rollout import (
     HFRolloutServer,
@@ -76,6 +77,7 @@ def test_requests_that_trickle_in_share_one_engine_call(rollout_config, tiny_mod
 
     outs = asyncio.run(trickle())
     assert server.generate_calls == 1
+    assert server.engine.model.config._attn_implementation == attention.NAME  # on CPU: K/V heads not repeated
     assert all(0 < len(out.token_ids) <= 8 for out in outs)
 
 
@@ -178,6 +180,7 @@ def test_cuda_server_stays_on_the_device_when_verl_will_not_wake_it(tiny_model_d
     server = HFRolloutServer(config, OmegaConf.create({"path": tiny_model_dir}), 0, device="cuda")
     asyncio.run(server.sleep())
     assert server.engine.device.type == "cuda" and server.engine.model.dtype == torch.bfloat16
+    assert server.engine.model.config._attn_implementation == "sdpa"
 
 
 def test_requests_with_different_adapters_share_one_engine_call(server, chat_ids):

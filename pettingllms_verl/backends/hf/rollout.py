@@ -27,6 +27,7 @@ from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from pettingllms_verl.backends.hf import attention
 from pettingllms_verl.backends.hf.engine import HFGenerationEngine, SamplingSpec
 from pettingllms_verl.config import rollout_policy
 
@@ -125,7 +126,7 @@ class HFRolloutServer:
         model = AutoModelForCausalLM.from_pretrained(
             path,
             dtype=dtype,
-            attn_implementation="sdpa",
+            attn_implementation=attention.register() if device == "cpu" else "sdpa",
             trust_remote_code=trust_remote_code,
         ).to(device)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
