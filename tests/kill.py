@@ -35,8 +35,3 @@ def kill_when(argv: list[str], ready, *, cwd, env, timeout_s: float = 900) -> in
         process.wait()
     return process.returncode
 
-
-def tracker(checkpoints) -> int:
-    """The step verl's tracker file names (0 if none)."""
-    path = checkpoints / "latest_checkpointed_iteration.txt"
-    return int(path.read_text()) if path.exists() else 0

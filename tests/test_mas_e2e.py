@@ -208,9 +208,10 @@ def test_a_mas_run_killed_while_saving_resumes_from_the_last_complete_checkpoint
     """After the 3-step run: a run to 5 steps is SIGKILLed while step 4's checkpoint is being
     written (its folder exists only under the temporary name); the same command then resumes from
     the last complete checkpoint and no partial folder is ever taken for a step."""
-    from kill import kill_when, tracker
-
+    from pettingllms_verl.eval.reproduce import finished_steps
     from pettingllms_verl.trainer.mas_trainer import PARTIAL_SUFFIX
+
+    from kill import kill_when
 
     checkpoints = artifacts / "checkpoints" / "plan_path_mas_atgrpo_cpu"
     recipe = ["--config-path", RECIPES, "--config-name", "plan_path_mas_atgrpo_cpu", "trainer.total_training_steps=5"]
@@ -220,12 +221,12 @@ def test_a_mas_run_killed_while_saving_resumes_from_the_last_complete_checkpoint
         lambda: (checkpoints / f"global_step_4{PARTIAL_SUFFIX}").exists(), cwd=artifacts, env=env,
     )
     assert status == -signal.SIGKILL
-    at_kill = tracker(checkpoints)
+    at_kill = finished_steps(checkpoints)
     assert at_kill in (3, 4)  # 4 only if the save completed between seeing its partial folder and the kill
     assert (checkpoints / f"global_step_{at_kill}" / "data.pt").exists()
     resumed = run_recipe(artifacts, "plan_path_mas_atgrpo_cpu", "trainer.total_training_steps=5")
     assert [m["step"] for m in resumed] == list(range(at_kill + 1, 6)), (at_kill, [m["step"] for m in resumed])
-    assert tracker(checkpoints) == 5
+    assert finished_steps(checkpoints) == 5
     # No partial folder is left, and the older ones beyond max_actor_ckpt_to_keep (2) are removed.
     folders = sorted(path.name for path in checkpoints.iterdir() if path.is_dir())
     assert folders == ["global_step_4", "global_step_5"], (at_kill, folders)

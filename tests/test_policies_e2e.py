@@ -12,7 +12,9 @@ from collections import defaultdict
 import pytest
 import torch
 
-from kill import kill_when, tracker
+from pettingllms_verl.eval.reproduce import finished_steps
+
+from kill import kill_when
 from test_mas_e2e import RECIPES, dumped_rows, run_recipe
 
 pytestmark = pytest.mark.slow
@@ -93,11 +95,11 @@ def train_to_5_killed_after_step_4_then_resume(artifacts, recipe: str, *resume_o
     keep = "trainer.max_actor_ckpt_to_keep=null"
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", recipe,
                "trainer.total_training_steps=5", keep]
-    status = kill_when(command, lambda: tracker(checkpoints) == 4, cwd=artifacts, env=env)  # mid step 5 (or its first moments)
-    assert status == -signal.SIGKILL and tracker(checkpoints) == 4
+    status = kill_when(command, lambda: finished_steps(checkpoints) == 4, cwd=artifacts, env=env)  # mid step 5 (or its first moments)
+    assert status == -signal.SIGKILL and finished_steps(checkpoints) == 4
     metrics = run_recipe(artifacts, recipe, "trainer.total_training_steps=5", keep, *resume_overrides)
     assert [m["step"] for m in metrics if m["step"] == 5] == [5] and metrics[-1]["step"] == 5
-    assert tracker(checkpoints) == 5
+    assert finished_steps(checkpoints) == 5
     return metrics
 
 

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from kill import kill_when, tracker
+from pettingllms_verl.eval.reproduce import finished_steps
+
+from kill import kill_when
 
 RECIPES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "recipes"))
 pytestmark = pytest.mark.slow
@@ -56,7 +58,7 @@ def runs(tmp_path_factory, tiny_model_dir):
         cwd=artifacts, env=quickstart_env(artifacts, killed_log),
     )
     checkpoints = artifacts / "checkpoints" / "quickstart_cpu"
-    at_kill = tracker(checkpoints)
+    at_kill = finished_steps(checkpoints)
     second = run_quickstart(artifacts, tiny_model_dir, 5, artifacts / "run2.jsonl")
     return artifacts, first, second, (status, at_kill)
 
@@ -87,7 +89,7 @@ def test_a_run_killed_mid_step_resumes_from_its_last_checkpoint_and_continues_th
     # The rerun starts after the last complete checkpoint: no step trained twice, none skipped.
     assert [record["step"] for record in second] == list(range(at_kill + 1, 6))
     checkpoints = artifacts / "checkpoints" / "quickstart_cpu"
-    assert tracker(checkpoints) == 5
+    assert finished_steps(checkpoints) == 5
     assert (checkpoints / "global_step_5" / "actor").is_dir()
 
 

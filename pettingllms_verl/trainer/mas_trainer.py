@@ -99,6 +99,14 @@ def _with_column(batches, name: str, value):
         yield batch
 
 
+def _write_whole(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` under a temporary name and rename it: a reader (or a run killed
+    mid-write) never sees half a file."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 def check_groups_within_policies(index, policies: list[str]) -> None:
     """An advantage group mixes rows of two policies only through a bug (AT-GRPO keys hold the role)."""
     seen: dict[str, str] = {}
@@ -431,9 +439,7 @@ class MASTrainer(PPOTrainerSync):
             path = os.path.join(step_dir, VAL_METRICS)
             files = self.config.data.val_files
             record = {"global_step": self.global_steps, "val_files": [files] if isinstance(files, str) else list(files), "metrics": metrics}
-            with open(path + ".tmp", "w") as f:
-                json.dump(record, f, indent=1, default=float)  # default: numpy scalars
-            os.replace(path + ".tmp", path)
+            _write_whole(path, json.dumps(record, indent=1, default=float))  # default: numpy scalars
         return metrics
 
     # ------------------------------ checkpoints ------------------------------
@@ -462,9 +468,7 @@ class MASTrainer(PPOTrainerSync):
         shutil.rmtree(step_dir, ignore_errors=True)  # a stale one (e.g. a run restarted from an earlier step)
         os.replace(partial, step_dir)
         tracker = os.path.join(root, "latest_checkpointed_iteration.txt")
-        with open(tracker + ".tmp", "w") as f:
-            f.write(str(self.global_steps))
-        os.replace(tracker + ".tmp", tracker)
+        _write_whole(tracker, str(self.global_steps))
         self._remove_old_checkpoints(trainer.get("max_actor_ckpt_to_keep", None))
         self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=step_dir, async_save=False)
 
