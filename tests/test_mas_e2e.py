@@ -132,12 +132,15 @@ def test_sa_grpo_baseline_updates_exactly_when_an_episode_group_has_signal(artif
 def test_two_data_parallel_ranks_get_whole_groups_and_keep_sharing_their_prompts(artifacts):
     """Two trainer ranks (gloo, CPU): the trainer balances whole AT-GRPO groups over them, so each
     group's prompt still runs once in the update. With verl's row balancing the same run computed
-    47-52 % of the plain tokens (a group's rows on both ranks); with whole groups 29 %, as at DP = 1."""
+    47-52 % of the plain tokens (a group's rows on both ranks); with whole groups 29 %, as at DP = 1.
+    The run has a KL loss, so its reference model (FSDP2-offloaded, sharded over the two ranks) runs
+    on CPU: the KL is 0 before the first update (the reference is the initial policy) and not after."""
     metrics_path = artifacts / "dp2.jsonl"
     result = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "plan_path_mas_atgrpo_cpu",
          "trainer.n_gpus_per_node=2", "data.train_batch_size=4", "+pettingllms.trainer.mini_batches_per_step=1",
-         "trainer.total_training_steps=2", "trainer.save_freq=-1", f"trainer.default_local_dir={artifacts / 'dp2_checkpoints'}"],
+         "trainer.total_training_steps=2", "trainer.save_freq=-1", f"trainer.default_local_dir={artifacts / 'dp2_checkpoints'}",
+         "actor_rollout_ref.actor.use_kl_loss=true"],
         capture_output=True, text=True, timeout=1200, cwd=artifacts,
         env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)},
     )
@@ -147,6 +150,7 @@ def test_two_data_parallel_ranks_get_whole_groups_and_keep_sharing_their_prompts
     for data in metrics:
         assert data["actor/shared_prefix/token_frac"] < 0.4  # one step optimises on all rows: K-row groups share
         assert data["global_seqlen/minmax_diff"] < 0.1 * data["global_seqlen/mean"]  # and the ranks stay balanced
+    assert abs(metrics[0]["actor/kl_loss"]) < 1e-6 < metrics[1]["actor/kl_loss"]  # one optimizer step per training step
 
 
 @pytest.fixture(scope="module")

@@ -211,6 +211,16 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
     share_prefix: bool = False  # set by the worker from ``SWITCH``
     _plain_reasons: set  # reasons already logged for running the plain path
 
+    def _build_fsdp_module(self, module):
+        """verl's, but on CPU a forward-only model (the reference for a KL term) is offloaded
+        without pinned memory: verl asks FSDP2 for ``CPUOffloadPolicy(pin_memory=True)``, and
+        pinning needs an accelerator ("Cannot access accelerator device")."""
+        if transformer_impl.device_name != "cpu":
+            return super()._build_fsdp_module(module)
+        policy = transformer_impl.CPUOffloadPolicy
+        with _swapped("CPUOffloadPolicy", lambda **kwargs: policy(**{**kwargs, "pin_memory": False})):
+            return super()._build_fsdp_module(module)
+
     def _why_plain(self, data: TensorDict) -> str | None:
         """Why this batch cannot take the shared forward (None: it can)."""
         config = getattr(self.module, "config", None)
@@ -319,20 +329,20 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
 
 
 @contextlib.contextmanager
-def _micro_batches(parts: list[list[int]]):
-    """verl's engine loop over our micro-batches of whole groups. verl has no hook for the
-    partition (``prepare_micro_batches`` is a module-level function of its engine), so it is
-    swapped for the duration of one ``forward_backward_batch`` call."""
-    original = transformer_impl.prepare_micro_batches
-
-    def by_group(data, **_):
-        return [tu.index_select_tensor_dict(data, part) for part in parts], parts
-
-    transformer_impl.prepare_micro_batches = by_group
+def _swapped(name: str, value):
+    """``transformer_impl.<name>`` (a module-level name of verl's engine, where verl has no hook) is
+    ``value`` for the duration of the block."""
+    original = getattr(transformer_impl, name)
+    setattr(transformer_impl, name, value)
     try:
         yield
     finally:
-        transformer_impl.prepare_micro_batches = original
+        setattr(transformer_impl, name, original)
+
+
+def _micro_batches(parts: list[list[int]]):
+    """verl's engine loop over our micro-batches of whole groups (for one ``forward_backward_batch`` call)."""
+    return _swapped("prepare_micro_batches", lambda data, **_: ([tu.index_select_tensor_dict(data, part) for part in parts], parts))
 
 
 class SharedPrefixTrainingWorker(TrainingWorker):
