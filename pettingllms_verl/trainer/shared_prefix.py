@@ -23,7 +23,8 @@ The attention mask is dense (tokens x tokens per micro-batch): fine on CPU and f
 micro-batches; on GPUs the flash-attention recipes keep the plain path.
 
 - pure functions: ``prompt_lengths``, ``identical_prompt_groups``, ``partition``, ``pack``;
-- ``SharedPrefixFSDPEngine``: verl's ``FSDPEngineWithLMHead`` using them;
+- ``SharedPrefixFSDPEngine``: verl's ``FSDPEngineWithLMHead`` using them (on CPU it also builds a
+  forward-only model, the KL reference, without the pinned memory verl asks for);
 - ``SharedPrefixTrainingWorker`` / ``SharedPrefixActorRolloutRefWorker``: verl's workers on it.
 """
 

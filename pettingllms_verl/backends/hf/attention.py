@@ -1,4 +1,4 @@
-"""``sdpa_gqa``: transformers' SDPA attention that leaves grouped-query heads to torch under a mask too.
+"""``pettingllms_sdpa_gqa``: transformers' SDPA attention that leaves grouped-query heads to torch under a mask too.
 
 transformers' ``sdpa`` repeats K and V for every query head (``repeat_kv``) whenever an attention
 mask is given, because CUDA's fused kernels do not take ``enable_gqa`` with a mask. The ``hf`` rollout
