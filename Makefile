@@ -124,7 +124,7 @@ real-before-after: $(call recipe_needs,$(REAL_RUN))
 # MAS + AT-GRPO (shared policy) and MAS + AT-GRPO (a model per role, also swapped) over 3 seeds,
 # evaluated on the test split before and after training. A rerun keeps finished training runs.
 REPRO_ENV := {"size": 5, "wall_density": 0.3, "max_turns": 2}
-$(ARTIFACTS)/tiny_model_plan_path_demos/config.json: | $(ARTIFACTS)/tiny_model/config.json
+$(ARTIFACTS)/tiny_model_plan_path_demos/config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/tiny_model/config.json
 	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model --out $(ARTIFACTS)/tiny_model_plan_path_demos --env-kwargs '$(REPRO_ENV)'
 
 model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_demos/config.json

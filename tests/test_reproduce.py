@@ -51,7 +51,8 @@ def test_demonstrations_are_right_as_often_as_asked():
         elif "Its output:" in user:
             kinds["copy"] += 1
             output = user.rsplit("Its output:\n", 1)[1].strip()
-            assert reply == f"<answer>{output}</answer>"
+            assert output.startswith("<answer>") and output.endswith("</answer>")  # printed in the answer's format
+            assert reply == output  # so the copy is that line, verbatim
         else:
             kinds["plan"] += 1
             assert reply.startswith("<answer>")
@@ -76,7 +77,7 @@ def test_warm_start_runs_verls_sft_trainer_and_writes_a_model(tmp_path, tiny_mod
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step:2 - " in result.stdout + result.stderr and "train/loss:" in result.stdout + result.stderr  # verl's own trainer logged its steps
     meta = json.load(open(os.path.join(out, "warm_start.json")))
-    assert meta["steps"] == 2 and meta["p_correct"] == sft.DEFAULT_P_CORRECT
+    assert meta["steps"] == 2 and meta["p_correct"] == sft.DEFAULT_P_CORRECT and len(meta["demonstrations_sha256"]) == 64
     assert not os.path.exists(out + ".sft-work") and not os.path.exists(out + ".tmp")
     import torch
 
@@ -116,15 +117,25 @@ def test_finished_steps_reads_verls_last_file(tmp_path):
     assert reproduce.finished_steps(tmp_path) == 30
 
 
-def test_a_finished_run_is_kept_and_one_trained_further_is_refused(tmp_path, capsys):
-    args = reproduce.parse_args(["--out", str(tmp_path)])
-    run_dir = tmp_path / "checkpoints" / "mas_s0"
+def test_a_finished_run_is_kept_and_one_trained_further_or_from_another_warm_start_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    model = tmp_path / "artifacts" / "tiny_model_plan_path_demos"
+    model.mkdir(parents=True)
+    (model / "warm_start.json").write_text('{"demonstrations_sha256": "a"}')
+    args = reproduce.parse_args(["--out", str(tmp_path / "out")])
+    run_dir = tmp_path / "out" / "checkpoints" / "mas_s0"
     run_dir.mkdir(parents=True)
     (run_dir / "latest_checkpointed_iteration.txt").write_text("60")
-    reproduce.train("mas", 0, 60, args, tmp_path)  # nothing to do: no main_ppo started
+    with pytest.raises(reproduce.ReproduceError, match="mas_s0 was trained from another warm start"):
+        reproduce.train("mas", 0, 60, args, tmp_path / "out")  # a run from before warm starts were recorded
+    (run_dir / "warm_start.json").write_text(json.dumps(reproduce.warm_start(args)))
+    reproduce.train("mas", 0, 60, args, tmp_path / "out")  # nothing to do: no main_ppo started
     assert "finished earlier" in capsys.readouterr().out
     with pytest.raises(reproduce.ReproduceError, match="more than --steps 30"):
-        reproduce.train("mas", 0, 30, args, tmp_path)
+        reproduce.train("mas", 0, 30, args, tmp_path / "out")
+    (model / "warm_start.json").write_text('{"demonstrations_sha256": "b"}')  # the demonstrations changed
+    with pytest.raises(reproduce.ReproduceError, match="another warm start"):
+        reproduce.train("mas", 0, 60, args, tmp_path / "out")
 
 
 def _row(label, success, swapped=False, episodes=64):

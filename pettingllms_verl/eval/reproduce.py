@@ -89,6 +89,13 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     label = run_label(method, seed)
     checkpoints = out / "checkpoints" / label
     done = finished_steps(checkpoints)
+    started_from = checkpoints / "warm_start.json"
+    warm = warm_start(args)
+    if done and (json.loads(started_from.read_text()) if started_from.is_file() else None) != warm:
+        raise ReproduceError(f"{checkpoints} was trained from another warm start than {warm['model']} is now: "
+                             "delete that folder (or the whole --out) to train again, or use another --out")
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    started_from.write_text(json.dumps(warm))
     if done > steps:
         raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
     if done == steps:
@@ -131,12 +138,16 @@ def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, swap: b
     return json.loads((out / "results.json").read_text())
 
 
-def fingerprint(specs: list[str], args: argparse.Namespace) -> dict:
-    """What a "before" evaluation depends on: runs, problems, overrides and the warm start itself."""
+def warm_start(args: argparse.Namespace) -> dict:
+    """The model every method starts from, with what built it (its ``warm_start.json``, None when absent)."""
     model = runs.policy_models(runs.compose(METHODS["mas"][0], args.overrides, Path(args.recipes)))["shared"]
     meta = Path(model) / "warm_start.json"
-    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides, "model": model,
-            "warm_start": json.loads(meta.read_text()) if meta.is_file() else None}
+    return {"model": model, "warm_start": json.loads(meta.read_text()) if meta.is_file() else None}
+
+
+def fingerprint(specs: list[str], args: argparse.Namespace) -> dict:
+    """What a "before" evaluation depends on: runs, problems, overrides and the warm start itself."""
+    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides, **warm_start(args)}
 
 
 def earlier_before(out: Path, specs: list[str], args: argparse.Namespace) -> dict | None:

@@ -7,8 +7,8 @@ probability ``p_correct`` gives its kind, and a plausible wrong one otherwise:
 
 - ``tool``: ``BFS_PROGRAM`` (a shortest path around the walls) or ``NAIVE_PROGRAM`` (rows then
   columns, blind to walls: right only when no wall is in the way);
-- ``copy``, the plan agent with a tool output in its prompt (MAS): that output copied into
-  ``<answer>``, or random moves;
+- ``copy``, the plan agent with a tool output in its prompt (MAS): that output's line as it is, or
+  random moves;
 - ``plan``, the plan agent alone (SA): a shortest path from the solver, or random moves.
 
 The warm policy so holds both behaviours of each role: RL has something to choose between, and a
@@ -22,11 +22,15 @@ import random
 
 from pettingllms_verl.envs.plan_path.env import MOVE_DELTAS, bfs_distances
 
-# Both programs read the state ({"grid", "pos", "goal"}) as JSON on stdin and print moves.
+# Both programs read the state ({"grid", "pos", "goal"}) as JSON on stdin and print their moves in
+# the answer's own format (<answer>U R</answer>): the plan agent's copy is then that line verbatim,
+# an induction from "<answer>". With bare moves the tiny model learned to read its first move from
+# the grid instead (both programs' first moves follow the geometry), and got it wrong in about 4 of
+# 10 copies; with this format the untrained team succeeds about twice as often (README, "A closer look").
 BFS_PROGRAM = """import json
 s=json.load(open(0));g=s["grid"];q=[(tuple(s["pos"]),"")];v=set()
 for p,m in q:
- if list(p)==s["goal"]:print(" ".join(m));break
+ if list(p)==s["goal"]:print("<answer>"+" ".join(m)+"</answer>");break
  if p in v:continue
  v.add(p);r,c=p
  for d,a,b in("U",-1,0),("D",1,0),("L",0,-1),("R",0,1):
@@ -34,7 +38,7 @@ for p,m in q:
 
 NAIVE_PROGRAM = """import json
 s=json.load(open(0));(r,c),(y,x)=s["pos"],s["goal"]
-print(" ".join("D"*(y-r)+"U"*(r-y)+"R"*(x-c)+"L"*(c-x)))"""
+print("<answer>"+" ".join("D"*(y-r)+"U"*(r-y)+"R"*(x-c)+"L"*(c-x))+"</answer>")"""
 
 
 def shortest_path(view: dict) -> list[str]:
@@ -83,7 +87,7 @@ def plan_path_demos(episodes: int, p_correct: dict[str, float], seed: int = 0, e
                 if kind == "tool":
                     reply = f"```python\n{BFS_PROGRAM if right else NAIVE_PROGRAM}\n```"
                 elif kind == "copy":  # MAS: the tool's printed moves are in the prompt
-                    reply = f"<answer>{env.tool_output.strip()}</answer>" if right else _answer(_random_moves(rng))
+                    reply = env.tool_output.strip() if right else _answer(_random_moves(rng))
                 else:
                     reply = _answer(shortest_path(env.view()) if right else _random_moves(rng))
                 rows.append({"messages": [*env.observation(role), {"role": "assistant", "content": reply}]})

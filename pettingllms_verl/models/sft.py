@@ -10,6 +10,7 @@ folder appears whole or not at all (written beside it, renamed last); an existin
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -93,7 +94,9 @@ def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, fl
     with open(config_path, "w") as f:
         json.dump(config, f, indent=2)
     with open(os.path.join(staging, "warm_start.json"), "w") as f:
-        json.dump({"base": base, "episodes": episodes, "demonstrations": len(rows), "p_correct": p_correct, "steps": steps,
+        # the digest tells apart warm starts whose demonstrations changed with the code (`make reproduce` checks it)
+        digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+        json.dump({"base": base, "episodes": episodes, "demonstrations": len(rows), "demonstrations_sha256": digest, "p_correct": p_correct, "steps": steps,
                    "batch_size": batch_size, "lr": lr, "seed": seed, "env_kwargs": env_kwargs or {}}, f, indent=1)
     os.replace(staging, out)
     shutil.rmtree(work)
