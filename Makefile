@@ -124,8 +124,10 @@ real-before-after: $(call recipe_needs,$(REAL_RUN))
 # MAS + AT-GRPO (shared policy) and MAS + AT-GRPO (a model per role, also swapped) over 3 seeds,
 # evaluated on the test split before and after training. A rerun keeps finished training runs.
 REPRO_ENV := {"size": 5, "wall_density": 0.3, "max_turns": 2}
+# a warm start older than the demonstrations' code is built again (the SFT command keeps an existing model)
 $(ARTIFACTS)/tiny_model_plan_path_demos/config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/tiny_model/config.json
-	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model --out $(ARTIFACTS)/tiny_model_plan_path_demos --env-kwargs '$(REPRO_ENV)'
+	rm -rf $(@D)
+	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model --out $(@D) --env-kwargs '$(REPRO_ENV)'
 
 model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_demos/config.json
 data-plan-path-5x5: data-plan_path_5x5
