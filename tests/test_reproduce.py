@@ -138,23 +138,29 @@ def test_a_finished_run_is_kept_and_one_trained_further_or_from_another_warm_sta
         reproduce.train("mas", 0, 60, args, tmp_path / "out")
 
 
-def _row(label, success, swapped=False, episodes=64):
-    return {"label": label, "success": success, "swapped": swapped, "episodes": episodes}
+def _row(label, success, swapped=False, episodes=64, **role_rewards):
+    return {"label": label, "success": success, "swapped": swapped, "episodes": episodes,
+            "roles": {role: {"reward_mean": reward} for role, reward in role_rewards.items()}}
 
 
 def test_aggregate_reports_before_after_mean_and_spread_per_method(tmp_path):
-    before = {"rows": [_row("sa", 0.1), _row("mas", 0.2)]}
-    after = {"rows": [_row("sa_s0", 0.1), _row("sa_s1", 0.3), _row("mas_s0", 0.5), _row("mas_s1", 0.7),
-                      _row("per_role_s0", 0.8), _row("per_role_s1", 0.6), _row("per_role_s0", 0.2, swapped=True),
-                      _row("per_role_s1", 0.4, swapped=True)]}
+    before = {"rows": [_row("sa", 0.1, plan=0.5), _row("mas", 0.2, plan=0.5, tool=1.0)]}
+    after = {"rows": [_row("sa_s0", 0.1, plan=0.4), _row("sa_s1", 0.3, plan=0.6), _row("mas_s0", 0.5), _row("mas_s1", 0.7),
+                      _row("per_role_s0", 0.8, plan=0.9, tool=1.2), _row("per_role_s1", 0.6, plan=0.7, tool=1.6),
+                      _row("per_role_s0", 0.2, swapped=True), _row("per_role_s1", 0.4, swapped=True)]}
     table = {(r["method"], r["swapped"]): r for r in reproduce.aggregate(before, after, ["sa", "mas", "per_role"], [0, 1])}
     assert table["sa", False]["before"] == 0.1 and table["sa", False]["after_mean"] == pytest.approx(0.2)
     assert table["mas", False]["before"] == 0.2 and (table["mas", False]["after_min"], table["mas", False]["after_max"]) == (0.5, 0.7)
     assert table["per_role", False]["before"] == 0.2  # starts from the same warm model as the shared MAS policy
     assert table["per_role", False]["after_per_seed"] == {0: 0.8, 1: 0.6}
     assert table["per_role", True]["after_mean"] == pytest.approx(0.3)
+    # each role's reward before and after, averaged over seeds: a role can learn while the team does not
+    assert table["per_role", False]["role_reward_before"] == {"plan": 0.5, "tool": 1.0}
+    assert table["per_role", False]["role_reward_after"] == pytest.approx({"plan": 0.8, "tool": 1.4})
+    assert table["sa", False]["role_reward_after"] == pytest.approx({"plan": 0.5})
     text = reproduce.markdown(list(table.values()), {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600})
-    assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 | 0.200 - 0.400 | 0.200 | 0.400 |" in text
+    assert "| MAS + AT-GRPO, a model per role | 0.200 | 0.700 | 0.600 - 0.800 | 0.800 | 0.600 | plan 0.500 -> 0.800, tool 1.000 -> 1.400 |" in text
+    assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 | 0.200 - 0.400 | 0.200 | 0.400 | - |" in text
     png = reproduce.plot_table(list(table.values()), tmp_path)
     assert os.path.getsize(png) > 10_000
 

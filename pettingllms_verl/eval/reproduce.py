@@ -162,21 +162,31 @@ def earlier_before(out: Path, specs: list[str], args: argparse.Namespace) -> dic
     return before
 
 
+def _role_rewards(row: dict | None) -> dict[str, float]:
+    return {role: stats["reward_mean"] for role, stats in (row or {}).get("roles", {}).items()}
+
+
 def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int]) -> list[dict]:
-    """One row per method (and per-role swapped): test success before, after per seed, mean/min/max."""
+    """One row per method (and per-role swapped): test success before, after per seed, mean/min/max;
+    and per role its mean reward before and after (mean over seeds): a role can learn while the team does not."""
     base = {row["label"]: row for row in before["rows"] if not row["swapped"]}
     table = []
     for method in methods:
         for swapped in ([False, True] if method == "per_role" else [False]):
             labels = {run_label(method, s): s for s in seeds}
-            per_seed = {labels[row["label"]]: row["success"] for row in after["rows"] if row["swapped"] == swapped and row["label"] in labels}
+            rows = {labels[row["label"]]: row for row in after["rows"] if row["swapped"] == swapped and row["label"] in labels}
+            per_seed = {seed: row["success"] for seed, row in rows.items()}
             values = [per_seed[s] for s in seeds if s in per_seed]
             start = base.get("sa" if method == "sa" else "mas")  # a model per role starts from the same warm model
+            after_roles = [_role_rewards(rows[s]) for s in seeds if s in rows]
             table.append({
                 "method": method, "recipe": METHODS[method][0], "name": METHODS[method][1] + (", policies swapped" if swapped else ""), "swapped": swapped,
                 "before": start["success"] if start else None, "before_episodes": start["episodes"] if start else None,
                 "after_per_seed": per_seed, "after_mean": sum(values) / len(values) if values else None,
                 "after_min": min(values) if values else None, "after_max": max(values) if values else None,
+                "role_reward_before": _role_rewards(start),
+                "role_reward_after": {role: sum(r[role] for r in after_roles) / len(after_roles)
+                                      for role in sorted(set().union(*after_roles)) if all(role in r for r in after_roles)},
             })
     return table
 
@@ -189,14 +199,16 @@ def markdown(table: list[dict], meta: dict) -> str:
         f"and after {meta['steps']} steps (each run's best step on val), over seeds {', '.join(map(str, meta['seeds']))}. "
         f"This invocation took {meta['wall_s'] / 60:.0f} min (training runs kept from an earlier one not counted).",
         "",
-        "| method | before | after: mean | min - max | " + " | ".join(f"seed {s}" for s in meta["seeds"]) + " |",
-        "|---|---|---|---|" + "---|" * len(meta["seeds"]),
+        "| method | before | after: mean | min - max | " + " | ".join(f"seed {s}" for s in meta["seeds"]) + " | role reward: before -> after (mean) |",
+        "|---|---|---|---|" + "---|" * len(meta["seeds"]) + "---|",
     ]
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for row in table:
+        roles = ", ".join(f"{role} {fmt(row['role_reward_before'].get(role))} -> {fmt(reward)}" for role, reward in row["role_reward_after"].items())
         cells = [row["name"], "-" if row["swapped"] else fmt(row["before"]), fmt(row["after_mean"]),
-                 f"{fmt(row['after_min'])} - {fmt(row['after_max'])}"] + [fmt(row["after_per_seed"].get(s)) for s in meta["seeds"]]
+                 f"{fmt(row['after_min'])} - {fmt(row['after_max'])}"] + [fmt(row["after_per_seed"].get(s)) for s in meta["seeds"]] + [roles or "-"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Role reward: the mean reward of a role's replies in the test episodes (`before/` and `after/results.json`)."]
     return "\n".join(lines) + "\n"
 
 
