@@ -198,6 +198,35 @@ def test_on_cpu_the_evaluation_gives_the_rollout_server_every_core_and_a_set_sti
     cpu = runs.Run("l", RECIPE, runs.compose(RECIPE, [], runs.RECIPES_DIR), "plan_path", "x.parquet", None, [user])
     args = runs.main_ppo_overrides(cpu, None, "/tmp/x")
     assert args.index(f"++{key}={runs.usable_cores()}") < args.index(user)  # Hydra applies the later one: the user's
+    # two evaluations at once share the cores
+    assert f"++{key}={max(1, runs.usable_cores() // 2)}" in runs.main_ppo_overrides(cpu, None, "/tmp/x", jobs=2)
     gpu_recipe = "plan_path_mas_atgrpo_qwen3_1p7b"
     gpu = runs.Run("g", gpu_recipe, runs.compose(gpu_recipe, [], runs.RECIPES_DIR), "plan_path", "x.parquet", None)
     assert not any("torch_threads" in arg for arg in runs.main_ppo_overrides(gpu, None, "/tmp/x"))
+
+
+def test_jobs_play_runs_at_once_and_report_them_in_the_order_given(env, monkeypatch, capsys):
+    import threading
+
+    from pettingllms_verl.eval import __main__ as evaluate
+
+    both_running = threading.Barrier(2, timeout=60)  # broken (and the test failed) unless a and b play at the same time
+
+    def play(run, args, out, bar_position=0):
+        if run.label == "c":
+            raise runs.EvalError("run c: main_ppo exited with 1")
+        both_running.wait()
+        return 1.0
+
+    written = {}
+    monkeypatch.setattr(evaluate, "play", play)
+    monkeypatch.setattr(evaluate, "collect", lambda run, out, wall_s: ([{"label": run.label}], [{"run": run.label}]))
+    monkeypatch.setattr(evaluate, "write_outputs", lambda out, rows, records, split: written.update(rows=rows))
+    monkeypatch.setattr(evaluate.results, "markdown", lambda rows, split: "")
+    argv = [f"{label}={RECIPE}" for label in ("c", "b", "a")] + ["--jobs", "2", "--out", str(env / "out")]
+    assert main(argv) == 1  # c failed: said, and the others still reported
+    assert [row["label"] for row in written["rows"]] == ["b", "a"]
+    assert "failed runs: c" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([RECIPE, "--jobs", "0"])
+    assert "--jobs 0: need at least 1" in capsys.readouterr().err

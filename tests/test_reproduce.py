@@ -99,7 +99,7 @@ def test_warm_start_names_a_missing_base(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--methods", "sa,bogus"], ["--seeds", "a,b"], ["--seeds", "0,0"], ["--methods", "sa,sa"],
-                                  ["--episodes", "0"], ["--steps", "0"]])
+                                  ["--episodes", "0"], ["--steps", "0"], ["--jobs", "0"]])
 def test_bad_arguments_stop_before_anything_runs(argv, capsys):
     with pytest.raises(SystemExit):
         reproduce.parse_args(argv)
@@ -109,6 +109,30 @@ def test_bad_arguments_stop_before_anything_runs(argv, capsys):
 def test_good_arguments_are_read():
     args = reproduce.parse_args(["--methods", "sa,mas", "--seeds", "3,4"])
     assert args.methods == ["sa", "mas"] and args.seeds == [3, 4]
+
+
+def test_training_runs_go_jobs_at_once_and_a_failed_one_stops_the_reproduction(tmp_path, monkeypatch):
+    import threading
+
+    started = []
+    two_running = threading.Barrier(2, timeout=60)  # broken (and the test failed) unless two runs train at the same time
+
+    def train(method, seed, steps, args, out):
+        started.append((method, seed))
+        if seed in (0, 1):  # the first two of the three
+            two_running.wait()
+
+    monkeypatch.setattr(reproduce, "train", train)
+    args = reproduce.parse_args(["--methods", "sa", "--seeds", "0,1,2", "--jobs", "2", "--out", str(tmp_path)])
+    reproduce.train_all(40, args, tmp_path)
+    assert sorted(started) == [("sa", 0), ("sa", 1), ("sa", 2)]
+
+    def failing(method, seed, steps, args, out):
+        raise reproduce.ReproduceError(f"training {method}_s{seed} failed (exit 1)")
+
+    monkeypatch.setattr(reproduce, "train", failing)
+    with pytest.raises(reproduce.ReproduceError, match="training sa_s0 failed"):
+        reproduce.train_all(40, reproduce.parse_args(["--methods", "sa", "--seeds", "0", "--out", str(tmp_path)]), tmp_path)
 
 
 def test_finished_steps_reads_verls_last_file(tmp_path):

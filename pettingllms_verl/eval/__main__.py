@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pettingllms_verl import envs
@@ -57,9 +58,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")
     parser.add_argument("--out", default="eval", help="output folder (default ./eval)")
     parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the package's, pettingllms_verl/recipes)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs played at once, each its own main_ppo (default 1; on CPU a run keeps about one core busy, so 2 suits 2 cores)")
     args = parser.parse_args(argv)
     if not args.runs and not args.envs:
         parser.error("give at least one RUN or --envs")
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: need at least 1")
     if args.episodes is not None and args.episodes < 1:
         parser.error(f"--episodes {args.episodes}: need at least 1")
     return args
@@ -125,20 +130,22 @@ def count_logged(directory: str) -> int:
     return total
 
 
-def play(run: Run, args: argparse.Namespace, out: Path) -> float:
+def play(run: Run, args: argparse.Namespace, out: Path, bar_position: int = 0) -> float:
     """Run main_ppo in validation mode for ``run``; returns its wall time. Raises EvalError on failure."""
     from tqdm import tqdm
 
+    print(f"[{run.label}] {run.recipe} on {run.data_file}" + (f", checkpoint {run.checkpoint}" if run.checkpoint else ", base models")
+          + (f", also swapped {run.swap}" if run.swap else ""), flush=True)
     run_dir = out / "runs" / run.label
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(Path(args.recipes).resolve()), "--config-name", run.recipe,
-               *runs.main_ppo_overrides(run, args.episodes, str(run_dir))]
+               *runs.main_ppo_overrides(run, args.episodes, str(run_dir), args.jobs)]
     (run_dir / "command.json").write_text(json.dumps(command, indent=1))
     log_path = run_dir / "main_ppo.log"
     print(f"[{run.label}] main_ppo starting (Ray, workers, models: a minute or more before the first episode); log: {log_path}", flush=True)
     started = time.perf_counter()
-    with open(log_path, "w") as log, tqdm(total=expected_episodes(run, args.episodes), desc=run.label, unit="episode") as bar:
+    with open(log_path, "w") as log, tqdm(total=expected_episodes(run, args.episodes), desc=run.label, unit="episode", position=bar_position) as bar:
         env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl")}
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         while process.poll() is None:
@@ -212,19 +219,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+
+    def evaluate(index: int, run: Run) -> tuple[list[dict], list[dict]]:
+        return collect(run, out, play(run, args, out, bar_position=index % args.jobs))
+
     rows, records, failed = [], [], []
-    for run in planned:
-        print(f"[{run.label}] {run.recipe} on {run.data_file}" + (f", checkpoint {run.checkpoint}" if run.checkpoint else ", base models")
-              + (f", also swapped {run.swap}" if run.swap else ""), flush=True)
-        try:
-            wall_s = play(run, args, out)
-            run_rows, run_records = collect(run, out, wall_s)
-        except (EvalError, results.LogError) as error:
-            print(f"pettingllms-eval: {error}", file=sys.stderr)
-            failed.append(run.label)
-            continue
-        rows += run_rows
-        records += run_records
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process
+        futures = [pool.submit(evaluate, index, run) for index, run in enumerate(planned)]
+        for run, future in zip(planned, futures):  # the tables keep the order the runs were given in
+            try:
+                run_rows, run_records = future.result()
+            except (EvalError, results.LogError) as error:
+                print(f"pettingllms-eval: {error}", file=sys.stderr)
+                failed.append(run.label)
+                continue
+            rows += run_rows
+            records += run_records
     if rows:
         write_outputs(out, rows, records, args.split)
         print(results.markdown(rows, args.split))

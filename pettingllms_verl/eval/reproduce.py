@@ -9,7 +9,7 @@ methods with the same steps, replies per step and optimizer steps (``recipes/bas
   with the two trained policies swapped.
 
 Each method trains once per seed through ``main_ppo`` (validating on the val split; a rerun resumes
-a run cut short and skips a finished one). ``pettingllms-eval`` then plays the warm start ("before")
+a run cut short and skips a finished one), ``--jobs`` runs at once. ``pettingllms-eval`` then plays the warm start ("before")
 and each run's best step on val ("after") on the test split. Writes to --out: ``reproduce.md`` and
 ``reproduce.json`` (test success per method before and after training: mean, min and max over
 seeds, each seed's figure), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the evaluations
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from pettingllms_verl.eval import __main__ as evaluate
@@ -51,6 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("PETTINGLLMS_ARTIFACTS", "artifacts"), "reproduce"), help="output folder")
     parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the package's, pettingllms_verl/recipes)")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="training runs, and evaluations, at once (default 2: on CPU one main_ppo keeps about one core busy)")
     args = parser.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in args.methods if m not in METHODS]
@@ -66,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--steps {args.steps}: need at least 1")
     if args.episodes is not None and args.episodes < 1:
         parser.error(f"--episodes {args.episodes}: need at least 1 (leave it out for the whole test split)")
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: need at least 1")
     for name, values in (("--methods", args.methods), ("--seeds", args.seeds)):
         if len(set(values)) != len(values):
             parser.error(f"{name}: {values} names one twice")
@@ -125,10 +130,24 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     print(f"[train {label}] done in {time.perf_counter() - started:.0f} s", flush=True)
 
 
+def train_all(steps: int, args: argparse.Namespace, out: Path) -> None:
+    """Every (seed, method) run, ``--jobs`` at once; after a failure the runs not started are
+    dropped, those running finish (each resumes where it stopped on the next invocation)."""
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process
+        futures = [pool.submit(train, method, seed, steps, args, out) for seed in args.seeds for method in args.methods]
+        try:
+            for future in as_completed(futures):
+                future.result()
+        except ReproduceError:
+            for future in futures:
+                future.cancel()
+            raise
+
+
 def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, swap: bool = True) -> dict:
     """``pettingllms-eval`` of ``specs`` on the test split into ``out`` (two-policy runs also swapped
     unless ``swap`` is false); its results.json."""
-    argv = [*specs, "--out", str(out), "--recipes", args.recipes, *(f"--set={o}" for o in args.overrides)]
+    argv = [*specs, "--out", str(out), "--recipes", args.recipes, "--jobs", str(args.jobs), *(f"--set={o}" for o in args.overrides)]
     if not swap:
         argv += ["--swap", "none"]
     if args.episodes:
@@ -258,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         if before is None:
             before = evaluate_runs(before_specs, args, out / "before", swap=False)
             (out / "before" / "fingerprint.json").write_text(json.dumps(fingerprint(before_specs, args)))
-        for seed in args.seeds:
-            for method in args.methods:
-                train(method, seed, steps, args, out)
+        train_all(steps, args, out)
         after_specs = [f"{run_label(m, s)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, s)}" for s in args.seeds for m in args.methods]
         after = evaluate_runs(after_specs, args, out / "after")
     except (ReproduceError, runs.EvalError) as error:

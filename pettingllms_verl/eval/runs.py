@@ -172,10 +172,11 @@ def swap_pair(cfg: DictConfig, swap: list[str] | None) -> list[str] | None:
     return sorted(table) if len(table) == 2 else None
 
 
-def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str) -> list[str]:
-    """``main_ppo`` arguments of a run: validation only, on its split, episodes logged to ``run_dir``."""
+def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str, jobs: int = 1) -> list[str]:
+    """``main_ppo`` arguments of a run: validation only, on its split, episodes logged to ``run_dir``;
+    ``jobs``: how many such runs share the machine at once."""
     args = [
-        *_rollout_threads(run.config),
+        *_rollout_threads(run.config, jobs),
         *run.overrides,
         "trainer.val_only=true",
         "trainer.val_before_train=true",
@@ -194,12 +195,13 @@ def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str) -> list[str
     return args
 
 
-def _rollout_threads(cfg: DictConfig) -> list[str]:
+def _rollout_threads(cfg: DictConfig, jobs: int = 1) -> list[str]:
     """On CPU the ``hf`` rollout server takes one thread, leaving the others to the trainer; an
-    evaluation trains nothing, so the server gets every core (a run's ``--set`` still wins)."""
+    evaluation trains nothing, so the server gets every core, or its share of them when ``jobs``
+    runs play at once (a run's ``--set`` still wins)."""
     if cfg.actor_rollout_ref.rollout.name != "hf" or cfg.trainer.get("device") != "cpu":
         return []
-    return [f"++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={usable_cores()}"]
+    return [f"++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={max(1, usable_cores() // jobs)}"]
 
 
 def usable_cores() -> int:
