@@ -111,28 +111,29 @@ def test_good_arguments_are_read():
     assert args.methods == ["sa", "mas"] and args.seeds == [3, 4]
 
 
-def test_training_runs_go_jobs_at_once_and_a_failed_one_stops_the_reproduction(tmp_path, monkeypatch):
+def test_training_runs_go_jobs_at_once_and_a_failed_one_stops_the_reproduction(tmp_path, monkeypatch, capsys):
+    import subprocess
     import threading
 
-    started = []
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    trained = []
     two_running = threading.Barrier(2, timeout=60)  # broken (and the test failed) unless two runs train at the same time
 
-    def train(method, seed, steps, args, out):
-        started.append((method, seed))
-        if seed in (0, 1):  # the first two of the three
+    def main_ppo(command, **kwargs):  # stands in for main_ppo: the runs themselves go through reproduce.train
+        label = next(arg for arg in command if arg.startswith("trainer.experiment_name=")).split("=repro_")[1]
+        trained.append(label)
+        if label in ("sa_s0", "sa_s1"):  # the first two of the three
             two_running.wait()
+        return subprocess.CompletedProcess(command, 1 if label == "sa_s9" else 0)
 
-    monkeypatch.setattr(reproduce, "train", train)
-    args = reproduce.parse_args(["--methods", "sa", "--seeds", "0,1,2", "--jobs", "2", "--out", str(tmp_path)])
-    reproduce.train_all(40, args, tmp_path)
-    assert sorted(started) == [("sa", 0), ("sa", 1), ("sa", 2)]
-
-    def failing(method, seed, steps, args, out):
-        raise reproduce.ReproduceError(f"training {method}_s{seed} failed (exit 1)")
-
-    monkeypatch.setattr(reproduce, "train", failing)
-    with pytest.raises(reproduce.ReproduceError, match="training sa_s0 failed"):
-        reproduce.train_all(40, reproduce.parse_args(["--methods", "sa", "--seeds", "0", "--out", str(tmp_path)]), tmp_path)
+    monkeypatch.setattr(reproduce.subprocess, "run", main_ppo)
+    args = reproduce.parse_args(["--methods", "sa", "--seeds", "0,1,2", "--jobs", "2", "--out", str(tmp_path / "out")])
+    reproduce.train_all(40, args, tmp_path / "out")
+    assert sorted(trained) == ["sa_s0", "sa_s1", "sa_s2"]
+    assert capsys.readouterr().out.count("] done in") == 3
+    failing = reproduce.parse_args(["--methods", "sa", "--seeds", "9", "--out", str(tmp_path / "out")])
+    with pytest.raises(reproduce.ReproduceError, match="training sa_s9 failed"):
+        reproduce.train_all(40, failing, tmp_path / "out")
 
 
 def test_finished_steps_reads_verls_last_file(tmp_path):
@@ -151,15 +152,15 @@ def test_a_finished_run_is_kept_and_one_trained_further_or_from_another_warm_sta
     run_dir.mkdir(parents=True)
     (run_dir / "latest_checkpointed_iteration.txt").write_text("60")
     with pytest.raises(reproduce.ReproduceError, match="mas_s0 was trained from another warm start"):
-        reproduce.train("mas", 0, 60, args, tmp_path / "out")  # a run from before warm starts were recorded
+        reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args))  # a run from before warm starts were recorded
     (run_dir / "warm_start.json").write_text(json.dumps(reproduce.warm_start(args)))
-    reproduce.train("mas", 0, 60, args, tmp_path / "out")  # nothing to do: no main_ppo started
+    reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args))  # nothing to do: no main_ppo started
     assert "finished earlier" in capsys.readouterr().out
     with pytest.raises(reproduce.ReproduceError, match="more than --steps 30"):
-        reproduce.train("mas", 0, 30, args, tmp_path / "out")
+        reproduce.train("mas", 0, 30, args, tmp_path / "out", reproduce.warm_start(args))
     (model / "warm_start.json").write_text('{"demonstrations_sha256": "b"}')  # the demonstrations changed
     with pytest.raises(reproduce.ReproduceError, match="another warm start"):
-        reproduce.train("mas", 0, 60, args, tmp_path / "out")
+        reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args))
 
 
 def _row(label, success, swapped=False, episodes=64, **role_rewards):

@@ -89,13 +89,13 @@ def finished_steps(checkpoints: Path) -> int:
         return 0
 
 
-def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path) -> None:
-    """One training run through ``main_ppo``; resumes from its last checkpoint, skips when finished."""
+def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path, warm: dict) -> None:
+    """One training run through ``main_ppo`` from ``warm`` (``warm_start(args)``); resumes from its
+    last checkpoint, skips when finished."""
     label = run_label(method, seed)
     checkpoints = out / "checkpoints" / label
     done = finished_steps(checkpoints)
     started_from = checkpoints / "warm_start.json"
-    warm = warm_start(args)
     if done and (json.loads(started_from.read_text()) if started_from.is_file() else None) != warm:
         raise ReproduceError(f"{checkpoints} was trained from another warm start than {warm['model']} is now: "
                              "delete that folder (or the whole --out) to train again, or use another --out")
@@ -133,12 +133,13 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
 def train_all(steps: int, args: argparse.Namespace, out: Path) -> None:
     """Every (seed, method) run, ``--jobs`` at once; after a failure the runs not started are
     dropped, those running finish (each resumes where it stopped on the next invocation)."""
+    warm = warm_start(args)  # composes a recipe: Hydra's global state is for one thread
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process
-        futures = [pool.submit(train, method, seed, steps, args, out) for seed in args.seeds for method in args.methods]
+        futures = [pool.submit(train, method, seed, steps, args, out, warm) for seed in args.seeds for method in args.methods]
         try:
             for future in as_completed(futures):
                 future.result()
-        except ReproduceError:
+        except BaseException:
             for future in futures:
                 future.cancel()
             raise
