@@ -226,15 +226,19 @@ def main(argv: list[str] | None = None) -> int:
     rows, records, failed = [], [], []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process
         futures = [pool.submit(evaluate, index, run) for index, run in enumerate(planned)]
-        for run, future in zip(planned, futures):  # the tables keep the order the runs were given in
-            try:
-                run_rows, run_records = future.result()
-            except (EvalError, results.LogError) as error:
-                print(f"pettingllms-eval: {error}", file=sys.stderr)
-                failed.append(run.label)
-                continue
-            rows += run_rows
-            records += run_records
+        try:
+            for run, future in zip(planned, futures):  # the tables keep the order the runs were given in
+                try:
+                    run_rows, run_records = future.result()
+                except (EvalError, results.LogError) as error:
+                    print(f"pettingllms-eval: {error}", file=sys.stderr)
+                    failed.append(run.label)
+                    continue
+                rows += run_rows
+                records += run_records
+        except BaseException:  # Ctrl-C or an unexpected error: start no further main_ppo
+            pool.shutdown(cancel_futures=True)
+            raise
     if rows:
         write_outputs(out, rows, records, args.split)
         print(results.markdown(rows, args.split))

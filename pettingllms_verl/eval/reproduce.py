@@ -139,9 +139,8 @@ def train_all(steps: int, args: argparse.Namespace, out: Path) -> None:
         try:
             for future in as_completed(futures):
                 future.result()
-        except BaseException:
-            for future in futures:
-                future.cancel()
+        except BaseException:  # a failed run, Ctrl-C or an unexpected error: start no further main_ppo
+            pool.shutdown(cancel_futures=True)
             raise
 
 
