@@ -143,11 +143,14 @@ quickstart: model data
 	total=$$((done + $(QUICKSTART_STEPS))); \
 	$(call run_recipe,quickstart_cpu,trainer.total_training_steps=$$total $(ARGS))
 
+# Test files run TEST_JOBS at a time (pytest-xdist; one file per worker, so a file's module-scoped
+# main_ppo run happens once): an end-to-end main_ppo run keeps about one core busy, so 2 on 2 cores.
+TEST_JOBS ?= 2
 test: $(VENV)/.installed real-model
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-fast: $(VENV)/.installed real-model
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
 
 # The CUDA variants of the engine, server and quickstart tests (they skip where no GPU is visible).
 test-gpu: $(VENV)/.installed
