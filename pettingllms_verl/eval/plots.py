@@ -68,15 +68,18 @@ def plot_curves(runs: dict[str, list[str]], out: str) -> tuple[str, dict[str, li
         for label, curves in data.items():
             steps = curves["_steps"]
             for key in sorted(k for k in curves if any(re.fullmatch(p, k) for p in patterns)):
-                values = curves[key]
-                if np.all(np.isnan(values)):
+                # only the steps that logged the metric: validation runs every N steps, and a line
+                # through the steps between would break at each gap
+                logged = ~np.all(np.isnan(curves[key]), axis=0)
+                if not logged.any():
                     continue
+                values, at = curves[key][:, logged], steps[logged]
                 mean = np.nanmean(values, axis=0)
                 name = LEGEND.get(key, "val success" if key.startswith("val-core/") else key.split("/")[1] if key.startswith("mas/") else key.split("/")[-1])
                 drawn.append(f"{label}: {name}" + (f" ({len(values)} seeds)" if len(values) > 1 else ""))
-                line, = ax.plot(steps, mean, marker="o", markersize=3, label=drawn[-1])
+                line, = ax.plot(at, mean, marker="o", markersize=3, label=drawn[-1])
                 if len(values) > 1:
-                    ax.fill_between(steps, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=line.get_color(), alpha=0.2)
+                    ax.fill_between(at, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=line.get_color(), alpha=0.2)
         ax.set_title(title)
         ax.set_xlabel("training step")
         if drawn:
