@@ -23,16 +23,14 @@ import random
 from pettingllms_verl.envs.plan_path.env import MOVE_DELTAS, bfs_distances
 
 # Both programs read the state ({"grid", "pos", "goal"}) as JSON on stdin and print their moves in
-# the answer's own format, each move numbered (<answer>U1 R2 R3</answer>; the parser skips the
-# numbers): the plan agent's copy is then that line verbatim. The 2-layer tiny model copies by
-# induction (the token after the one it just wrote, found in the prompt): with bare moves it read its
-# first move from the grid instead, and in runs such as `R R R D` the move before is followed by more
-# than one move, so it repeated or cut the run short (20 of 28 failed copies of the second
-# reproduction's warm start). A number after each move gives the next move an anchor of its own.
+# the answer's own format (<answer>U R</answer>): the plan agent's copy is then that line verbatim,
+# an induction from "<answer>". With bare moves the tiny model learned to read its first move from
+# the grid instead (both programs' first moves follow the geometry), and got it wrong in about 4 of
+# 10 copies; with this format the untrained team succeeds about twice as often (README, "A closer look").
 BFS_PROGRAM = """import json
 s=json.load(open(0));g=s["grid"];q=[(tuple(s["pos"]),"")];v=set()
 for p,m in q:
- if list(p)==s["goal"]:print("<answer>"+" ".join(d+str(i+1) for i,d in enumerate(m))+"</answer>");break
+ if list(p)==s["goal"]:print("<answer>"+" ".join(m)+"</answer>");break
  if p in v:continue
  v.add(p);r,c=p
  for d,a,b in("U",-1,0),("D",1,0),("L",0,-1),("R",0,1):
@@ -40,8 +38,7 @@ for p,m in q:
 
 NAIVE_PROGRAM = """import json
 s=json.load(open(0));(r,c),(y,x)=s["pos"],s["goal"]
-m="D"*(y-r)+"U"*(r-y)+"R"*(x-c)+"L"*(c-x)
-print("<answer>"+" ".join(d+str(i+1) for i,d in enumerate(m))+"</answer>")"""
+print("<answer>"+" ".join("D"*(y-r)+"U"*(r-y)+"R"*(x-c)+"L"*(c-x))+"</answer>")"""
 
 
 def shortest_path(view: dict) -> list[str]:
@@ -64,9 +61,8 @@ def _random_moves(rng: random.Random) -> list[str]:
     return [rng.choice("UDLR") for _ in range(rng.randint(1, 6))]
 
 
-def numbered_answer(moves: list[str]) -> str:
-    """The moves in the answer format both programs print: ``<answer>U1 R2 R3</answer>``."""
-    return f"<answer>{' '.join(f'{move}{number}' for number, move in enumerate(moves, 1))}</answer>"
+def _answer(moves: list[str]) -> str:
+    return f"<answer>{' '.join(moves)}</answer>"
 
 
 def plan_path_demos(episodes: int, p_correct: dict[str, float], seed: int = 0, env_kwargs: dict | None = None) -> list[dict]:
@@ -91,9 +87,9 @@ def plan_path_demos(episodes: int, p_correct: dict[str, float], seed: int = 0, e
                 if kind == "tool":
                     reply = f"```python\n{BFS_PROGRAM if right else NAIVE_PROGRAM}\n```"
                 elif kind == "copy":  # MAS: the tool's printed moves are in the prompt
-                    reply = env.tool_output.strip() if right else numbered_answer(_random_moves(rng))
+                    reply = env.tool_output.strip() if right else _answer(_random_moves(rng))
                 else:
-                    reply = numbered_answer(shortest_path(env.view()) if right else _random_moves(rng))
+                    reply = _answer(shortest_path(env.view()) if right else _random_moves(rng))
                 rows.append({"messages": [*env.observation(role), {"role": "assistant", "content": reply}]})
                 env.step(role, reply)
     return rows
