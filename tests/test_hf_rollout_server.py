@@ -149,6 +149,21 @@ def test_cuda_server_without_a_visible_device_fails_loudly(rollout_config):
         claim_device("cuda", rollout_config)
 
 
+def test_a_server_answers_calls_from_one_event_loop_after_another(rollout_config, tiny_model_dir, chat_ids):
+    """A script or test drives the server with one asyncio.run per call. The request batcher belongs
+    to the loop that started it: a later loop must get its own, not wait on a closed loop's (the
+    first GPU run hung here)."""
+    server = HFRolloutServer(rollout_config, OmegaConf.create({"path": tiny_model_dir}), 0)
+    prompt = chat_ids("one loop, then another")
+
+    def greedy():
+        request = server.generate("g", prompt, {"temperature": 0.0, "max_tokens": 6})
+        return asyncio.run(asyncio.wait_for(request, timeout=120)).token_ids
+
+    first = greedy()
+    assert greedy() == first and server.generate_calls == 2
+
+
 @pytest.mark.gpu
 def test_cuda_server_sleep_frees_the_device_and_wake_up_restores_it(rollout_config, tiny_model_dir, chat_ids):
     if not torch.cuda.is_available():

@@ -442,6 +442,20 @@ def test_a_sleeping_run_does_not_block_other_callers():
     sleeper.join()
 
 
+def test_a_source_checkout_on_pythonpath_runs_code_without_an_install():
+    """The package only on PYTHONPATH (a checkout, not installed): the server, started with -I,
+    which ignores PYTHONPATH, still finds it. Before, it died at start and every run failed with
+    "sandbox peer closed the connection" (found on the first GPU machine, where it was not installed)."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(client.__file__))))
+    bare = sys._base_executable  # the interpreter under the virtualenv: this package is not installed there
+    assert subprocess.run([bare, "-I", "-c", "import pettingllms_verl"], capture_output=True).returncode != 0
+    result = subprocess.run(
+        [bare, "-c", "from pettingllms_verl.sandbox import run_python; print(run_python('print(6 * 7)').stdout)"],
+        env={**os.environ, "PYTHONPATH": checkout}, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "42", result.stderr[-2000:]
+
+
 def test_server_is_restarted_after_dying():
     assert run_python("print(1)").ok
     server = client._current_server()

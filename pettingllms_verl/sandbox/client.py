@@ -27,6 +27,12 @@ _REPLY_GRACE_S = 300.0
 # holds them without running anything (wedged), which is raised, never waited out.
 _SLOT_WAIT_S = 300.0
 _SERVER_START_TIMEOUT_S = 30.0
+# The server (run with -I: no environment, no user site) imports the package from where this client
+# was imported, so a source checkout on PYTHONPATH works as an install does.
+_SERVER_MAIN = (
+    "import sys; p = {!r}; p in sys.path or sys.path.append(p); "
+    "from pettingllms_verl.sandbox.server import main; main(sys.argv)"
+).format(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 # Runs beyond this wait, so a burst of rollouts cannot starve the trainer. The cap holds per
 # machine: every rollout worker starts its own server, and they share the slots below.
 MAX_PARALLEL = 2 * (os.cpu_count() or 1)
@@ -105,7 +111,7 @@ class _ForkServerHandle:
     def __init__(self):
         self._control, server_end = socket.socketpair()
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-m", "pettingllms_verl.sandbox.server", str(server_end.fileno()), str(MAX_PARALLEL)],
+            [sys.executable, "-I", "-c", _SERVER_MAIN, str(server_end.fileno()), str(MAX_PARALLEL)],
             pass_fds=[server_end.fileno()],
             env={},  # nothing of the trainer's environment, secrets included, reaches the server
             stdin=subprocess.DEVNULL,

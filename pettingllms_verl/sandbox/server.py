@@ -1,7 +1,7 @@
 """Fork server: runs model-written Python in forked, locked-down children.
 
-Started by the client as ``python -I -m pettingllms_verl.sandbox.server CONTROL_FD MAX_PARALLEL``
-with an empty environment, so it holds none of the trainer's state or secrets. It imports the
+Started by the client as ``python -I -c "...; main(sys.argv)" CONTROL_FD MAX_PARALLEL`` (the
+package's location put on sys.path, see ``client._SERVER_MAIN``) with an empty environment, so it holds none of the trainer's state or secrets. It imports the
 stdlib and this package's ``protocol`` and ``isolation`` only (both stdlib-only).
 
 One single-threaded event loop (forking from a threaded process is unsafe) serves every caller:
@@ -368,6 +368,3 @@ def main(argv: list[str]) -> None:
     send_frame(control, granted)
     server.serve()
 
-
-if __name__ == "__main__":
-    main(sys.argv)

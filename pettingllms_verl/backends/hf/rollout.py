@@ -161,7 +161,7 @@ class HFRolloutServer:
                 f"rollout.prompt_length + rollout.response_length = {self.prompt_length + self.response_length}"
             )
         spec = SamplingSpec.from_verl(sampling_params, default_max_tokens=budget)
-        if self._batcher is None:
+        if self._batcher is None or self._batcher.done():  # first call, or its event loop has closed (asyncio.run per call)
             self._wakeup = asyncio.Event()
             self._batcher = asyncio.get_running_loop().create_task(self._serve_batches())
         future = asyncio.get_running_loop().create_future()
