@@ -211,6 +211,18 @@ def test_on_cpu_the_evaluation_gives_the_rollout_server_every_core_and_a_set_sti
     assert not any("torch_threads" in arg for arg in runs.main_ppo_overrides(gpu, None, "/tmp/x"))
 
 
+def test_swap_none_plays_no_swapped_pass_even_where_the_recipe_validates_swapped(env):
+    """plan_path_mas_full_repro_cpu sets swap_policies for its validation in training; --swap none
+    must drop it (before, its swapped episodes were played, doubling the run, and never reported)."""
+    recipe = "plan_path_mas_full_repro_cpu"
+    config = runs.compose(recipe, [], runs.RECIPES_DIR)
+    assert list(config.pettingllms.swap_policies) == ["tool_policy", "plan_policy"]
+    for swap, expected in ((None, None), (["plan_policy", "tool_policy"], ["plan_policy", "tool_policy"])):
+        run = runs.Run("l", recipe, config, "plan_path", "x.parquet", None, [], swap)
+        played = runs.compose(recipe, runs.main_ppo_overrides(run, None, "/tmp/x"), runs.RECIPES_DIR)
+        assert (played.pettingllms.swap_policies and list(played.pettingllms.swap_policies)) == expected
+
+
 def test_jobs_play_runs_at_once_and_report_them_in_the_order_given(env, monkeypatch, capsys):
     import threading
 

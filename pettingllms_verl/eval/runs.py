@@ -190,8 +190,8 @@ def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str, jobs: int =
         args += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={run.checkpoint}"]
     else:
         args += ["trainer.resume_mode=disable"]  # the recipe's models, not whatever its run saved last
-    if run.swap:
-        args.append(f"++pettingllms.swap_policies=[{run.swap[0]},{run.swap[1]}]")
+    # the swapped pass is the run's own (--swap): a recipe's swap_policies (its validation in training) is replaced
+    args.append(f"++pettingllms.swap_policies=[{run.swap[0]},{run.swap[1]}]" if run.swap else "++pettingllms.swap_policies=null")
     return args
 
 
