@@ -1,8 +1,9 @@
 """Fork server: runs model-written Python in forked, locked-down children.
 
 Started by the client as ``python -I -c "...; main(sys.argv)" CONTROL_FD MAX_PARALLEL`` (the
-package's location put on sys.path, see ``client._SERVER_MAIN``) with an empty environment, so it holds none of the trainer's state or secrets. It imports the
-stdlib and this package's ``protocol`` and ``isolation`` only (both stdlib-only).
+package's location put on sys.path, see ``client._SERVER_MAIN``) with an empty environment, so it
+holds none of the trainer's state or secrets. It imports the stdlib and this package's
+``protocol`` and ``isolation`` only (both stdlib-only).
 
 One single-threaded event loop (forking from a threaded process is unsafe) serves every caller:
 - the control socket receives one connected socket per client connection (fd passing, so no
