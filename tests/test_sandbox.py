@@ -446,7 +446,7 @@ def test_a_source_checkout_on_pythonpath_runs_code_without_an_install():
     """The package only on PYTHONPATH (a checkout, not installed): the server, started with -I,
     which ignores PYTHONPATH, still finds it. Before, it died at start and every run failed with
     "sandbox peer closed the connection" (found on the first GPU machine, where it was not installed)."""
-    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(client.__file__))))
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, which holds the package
     bare = sys._base_executable  # the interpreter under the virtualenv: this package is not installed there
     assert subprocess.run([bare, "-I", "-c", "import pettingllms_verl"], capture_output=True).returncode != 0
     result = subprocess.run(
