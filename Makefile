@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE ?= 1
 # verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
 export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 
-.PHONY: run install model real-model real-before-after reproduce model-plan-path-demos data-plan-path-5x5 data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
+.PHONY: run install model real-model real-before-after reproduce reproduce-mixed-planner model-plan-path-demos data-plan-path-5x5 data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -134,6 +134,20 @@ data-plan-path-5x5: data-plan_path_5x5
 
 reproduce: model-plan-path-demos data-plan-path-5x5
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
+
+# The per-role method again with its two roles started apart: the tool from the warm start above, the
+# planner from that warm start fine-tuned 300 more SFT steps on demonstrations in which the tool writes
+# the BFS program half the time (30 % above), so that the planner has seen as many BFS outputs as
+# wall-blind ones before the tool learns to write BFS. Same seeds, steps and evaluation as `make reproduce`.
+MIXED_PLANNER := $(ARTIFACTS)/tiny_model_plan_path_planner_tool05
+$(MIXED_PLANNER)/config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/tiny_model_plan_path_demos/config.json
+	rm -rf $(@D)
+	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model_plan_path_demos --out $(@D) --steps 300 --lr 1e-3 --seed 1 \
+	    --p-correct '{"tool": 0.5}' --env-kwargs '$(REPRO_ENV)'
+
+reproduce-mixed-planner: $(MIXED_PLANNER)/config.json data-plan-path-5x5
+	$(PY) -m pettingllms_verl.eval.reproduce --methods per_role --out $(ARTIFACTS)/reproduce_mixed_planner \
+	    --set ++pettingllms.policies.plan_policy.overrides.model.path=$(abspath $(MIXED_PLANNER))
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count. The command is printed with the environment it needs, so that it

@@ -152,15 +152,15 @@ def test_a_finished_run_is_kept_and_one_trained_further_or_from_another_warm_sta
     run_dir.mkdir(parents=True)
     (run_dir / "latest_checkpointed_iteration.txt").write_text("60")
     with pytest.raises(reproduce.ReproduceError, match="mas_s0 was trained from another warm start"):
-        reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args))  # a run from before warm starts were recorded
-    (run_dir / "warm_start.json").write_text(json.dumps(reproduce.warm_start(args)))
-    reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args))  # nothing to do: no main_ppo started
+        reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args, "mas"))  # a run from before warm starts were recorded
+    (run_dir / "warm_start.json").write_text(json.dumps(reproduce.warm_start(args, "mas")))
+    reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args, "mas"))  # nothing to do: no main_ppo started
     assert "finished earlier" in capsys.readouterr().out
     with pytest.raises(reproduce.ReproduceError, match="more than --steps 30"):
-        reproduce.train("mas", 0, 30, args, tmp_path / "out", reproduce.warm_start(args))
+        reproduce.train("mas", 0, 30, args, tmp_path / "out", reproduce.warm_start(args, "mas"))
     (model / "warm_start.json").write_text('{"demonstrations_sha256": "b"}')  # the demonstrations changed
     with pytest.raises(reproduce.ReproduceError, match="another warm start"):
-        reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args))
+        reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args, "mas"))
 
 
 def _row(label, success, swapped=False, episodes=64, **role_rewards):
@@ -169,22 +169,24 @@ def _row(label, success, swapped=False, episodes=64, **role_rewards):
 
 
 def test_aggregate_reports_before_after_mean_and_spread_per_method(tmp_path):
-    before = {"rows": [_row("sa", 0.1, plan=0.5), _row("mas", 0.2, plan=0.5, tool=1.0)]}
+    before = {"rows": [_row("sa", 0.1, plan=0.5), _row("mas", 0.2, plan=0.5, tool=1.0), _row("per_role", 0.25, plan=0.5, tool=1.0)]}
     after = {"rows": [_row("sa_s0", 0.1, plan=0.4), _row("sa_s1", 0.3, plan=0.6), _row("mas_s0", 0.5), _row("mas_s1", 0.7),
                       _row("per_role_s0", 0.8, plan=0.9, tool=1.2), _row("per_role_s1", 0.6, plan=0.7, tool=1.6),
                       _row("per_role_s0", 0.2, swapped=True), _row("per_role_s1", 0.4, swapped=True)]}
     table = {(r["method"], r["swapped"]): r for r in reproduce.aggregate(before, after, ["sa", "mas", "per_role"], [0, 1])}
     assert table["sa", False]["before"] == 0.1 and table["sa", False]["after_mean"] == pytest.approx(0.2)
     assert table["mas", False]["before"] == 0.2 and (table["mas", False]["after_min"], table["mas", False]["after_max"]) == (0.5, 0.7)
-    assert table["per_role", False]["before"] == 0.2  # starts from the same warm model as the shared MAS policy
+    assert table["per_role", False]["before"] == 0.25  # its own recipe at its warm start, not the shared policy's
     assert table["per_role", False]["after_per_seed"] == {0: 0.8, 1: 0.6}
     assert table["per_role", True]["after_mean"] == pytest.approx(0.3)
     # each role's reward before and after, averaged over seeds: a role can learn while the team does not
     assert table["per_role", False]["role_reward_before"] == {"plan": 0.5, "tool": 1.0}
     assert table["per_role", False]["role_reward_after"] == pytest.approx({"plan": 0.8, "tool": 1.4})
     assert table["sa", False]["role_reward_after"] == pytest.approx({"plan": 0.5})
-    text = reproduce.markdown(list(table.values()), {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600})
-    assert "| MAS + AT-GRPO, a model per role | 0.200 | 0.700 | 0.600 - 0.800 | 0.800 | 0.600 | plan 0.500 -> 0.800, tool 1.000 -> 1.400 |" in text
+    warm = {"sa": {"shared": "demos"}, "mas": {"shared": "demos"}, "per_role": {"tool_policy": "demos", "plan_policy": "planner"}}
+    text = reproduce.markdown(list(table.values()), {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600, "warm_starts": warm})
+    assert "MAS + AT-GRPO, a model per role: tool_policy `demos`, plan_policy `planner`." in text
+    assert "| MAS + AT-GRPO, a model per role | 0.250 | 0.700 | 0.600 - 0.800 | 0.800 | 0.600 | plan 0.500 -> 0.800, tool 1.000 -> 1.400 |" in text
     assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 | 0.200 - 0.400 | 0.200 | 0.400 | - |" in text
     png = reproduce.plot_table(list(table.values()), tmp_path)
     assert os.path.getsize(png) > 10_000
@@ -210,3 +212,28 @@ def test_before_is_reused_only_for_the_same_runs_and_warm_start(tmp_path, monkey
     (before_dir / "results.json").write_text('{"rows": [')  # cut short
     (before_dir / "fingerprint.json").write_text(json.dumps(reproduce.fingerprint(specs, args)))
     assert reproduce.earlier_before(tmp_path / "out", specs, args) is None
+
+
+def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_ones_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    for name in ("tiny_model_plan_path_demos", "planner"):
+        (tmp_path / "artifacts" / name).mkdir(parents=True)
+        (tmp_path / "artifacts" / name / "warm_start.json").write_text(json.dumps({"name": name}))
+    planner = tmp_path / "artifacts" / "planner"
+    apart = reproduce.parse_args(["--methods", "per_role", "--out", str(tmp_path / "out"),
+                                  "--set", f"++pettingllms.policies.plan_policy.overrides.model.path={planner}"])
+    warm = reproduce.warm_start(apart, "per_role")
+    assert warm["plan_policy"] == {"model": str(planner), "warm_start": {"name": "planner"}}
+    assert warm["tool_policy"]["warm_start"] == {"name": "tiny_model_plan_path_demos"}
+    together = reproduce.parse_args(["--methods", "per_role", "--out", str(tmp_path / "out")])
+    assert reproduce.warm_start(together, "per_role")["plan_policy"]["warm_start"] == {"name": "tiny_model_plan_path_demos"}
+    # the "before" evaluation and a finished run both belong to the warm starts they came from
+    specs = ["per_role=plan_path_mas_full_repro_cpu"]
+    assert reproduce.fingerprint(specs, apart) != reproduce.fingerprint(specs, together)
+    run_dir = tmp_path / "out" / "checkpoints" / "per_role_s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "latest_checkpointed_iteration.txt").write_text("40")
+    (run_dir / "warm_start.json").write_text(json.dumps(warm))
+    reproduce.train("per_role", 0, 40, apart, tmp_path / "out", reproduce.warm_start(apart, "per_role"))  # kept
+    with pytest.raises(reproduce.ReproduceError, match=r"another warm start .*plan_policy .*tiny_model_plan_path_demos"):
+        reproduce.train("per_role", 0, 40, together, tmp_path / "out", reproduce.warm_start(together, "per_role"))

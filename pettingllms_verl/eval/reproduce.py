@@ -9,8 +9,10 @@ methods with the same steps, replies per step and optimizer steps (``recipes/bas
   with the two trained policies swapped.
 
 Each method trains once per seed through ``main_ppo`` (validating on the val split; a rerun resumes
-a run cut short and skips a finished one), ``--jobs`` runs at once. ``pettingllms-eval`` then plays the warm start ("before")
-and each run's best step on val ("after") on the test split. Writes to --out: ``reproduce.md`` and
+a run cut short and skips a finished one), ``--jobs`` runs at once. ``pettingllms-eval`` then plays each method's
+recipe at its warm start ("before") and each run's best step on val ("after") on the test split. ``--set`` can
+start the roles of ``per_role`` apart, e.g. ``--methods per_role --set
+++pettingllms.policies.plan_policy.overrides.model.path=DIR`` (``make reproduce-mixed-planner``). Writes to --out: ``reproduce.md`` and
 ``reproduce.json`` (test success per method before and after training: mean, min and max over
 seeds, each seed's figure), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the evaluations
 (``before/``, ``after/``), the training logs (``logs/``) and checkpoints (``checkpoints/``).
@@ -90,14 +92,15 @@ def finished_steps(checkpoints: Path) -> int:
 
 
 def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path, warm: dict) -> None:
-    """One training run through ``main_ppo`` from ``warm`` (``warm_start(args)``); resumes from its
+    """One training run through ``main_ppo`` from ``warm`` (``warm_start(args, method)``); resumes from its
     last checkpoint, skips when finished."""
     label = run_label(method, seed)
     checkpoints = out / "checkpoints" / label
     done = finished_steps(checkpoints)
     started_from = checkpoints / "warm_start.json"
     if done and (json.loads(started_from.read_text()) if started_from.is_file() else None) != warm:
-        raise ReproduceError(f"{checkpoints} was trained from another warm start than {warm['model']} is now: "
+        models = ", ".join(f"{policy} {start['model']}" for policy, start in warm.items())
+        raise ReproduceError(f"{checkpoints} was trained from another warm start than it has now ({models}): "
                              "delete that folder (or the whole --out) to train again, or use another --out")
     checkpoints.mkdir(parents=True, exist_ok=True)
     started_from.write_text(json.dumps(warm))
@@ -133,9 +136,9 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
 def train_all(steps: int, args: argparse.Namespace, out: Path) -> None:
     """Every (seed, method) run, ``--jobs`` at once; after a failure the runs not started are
     dropped, those running finish (each resumes where it stopped on the next invocation)."""
-    warm = warm_start(args)  # composes a recipe: Hydra's global state is for one thread
+    warm = {method: warm_start(args, method) for method in args.methods}  # composes recipes: Hydra's global state is for one thread
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process
-        futures = [pool.submit(train, method, seed, steps, args, out, warm) for seed in args.seeds for method in args.methods]
+        futures = [pool.submit(train, method, seed, steps, args, out, warm[method]) for seed in args.seeds for method in args.methods]
         try:
             for future in as_completed(futures):
                 future.result()
@@ -157,16 +160,19 @@ def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, swap: b
     return json.loads((out / "results.json").read_text())
 
 
-def warm_start(args: argparse.Namespace) -> dict:
-    """The model every method starts from, with what built it (its ``warm_start.json``, None when absent)."""
-    model = runs.policy_models(runs.compose(METHODS["mas"][0], args.overrides, Path(args.recipes)))["shared"]
-    meta = Path(model) / "warm_start.json"
-    return {"model": model, "warm_start": json.loads(meta.read_text()) if meta.is_file() else None}
+def warm_start(args: argparse.Namespace, method: str) -> dict:
+    """policy -> the model it starts from in ``method``'s recipe (with ``--set``), with what built
+    that model (its ``warm_start.json``, None when absent)."""
+    models = runs.policy_models(runs.compose(METHODS[method][0], args.overrides, Path(args.recipes)))
+    metas = {policy: Path(model) / "warm_start.json" for policy, model in models.items()}
+    return {policy: {"model": model, "warm_start": json.loads(metas[policy].read_text()) if metas[policy].is_file() else None}
+            for policy, model in models.items()}
 
 
 def fingerprint(specs: list[str], args: argparse.Namespace) -> dict:
-    """What a "before" evaluation depends on: runs, problems, overrides and the warm start itself."""
-    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides, **warm_start(args)}
+    """What a "before" evaluation depends on: runs, problems, overrides and the warm starts themselves."""
+    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides,
+            "warm": {method: warm_start(args, method) for method in (spec.split("=", 1)[0] for spec in specs)}}
 
 
 def earlier_before(out: Path, specs: list[str], args: argparse.Namespace) -> dict | None:
@@ -196,7 +202,7 @@ def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int]) -
             rows = {labels[row["label"]]: row for row in after["rows"] if row["swapped"] == swapped and row["label"] in labels}
             per_seed = {seed: row["success"] for seed, row in rows.items()}
             values = [per_seed[s] for s in seeds if s in per_seed]
-            start = base.get("sa" if method == "sa" else "mas")  # a model per role starts from the same warm model
+            start = base.get(method)  # each method's recipe at its warm start
             after_roles = [_role_rewards(rows[s]) for s in seeds if s in rows]
             table.append({
                 "method": method, "recipe": METHODS[method][0], "name": METHODS[method][1] + (", policies swapped" if swapped else ""), "swapped": swapped,
@@ -227,7 +233,9 @@ def markdown(table: list[dict], meta: dict) -> str:
         cells = [row["name"], "-" if row["swapped"] else fmt(row["before"]), fmt(row["after_mean"]),
                  f"{fmt(row['after_min'])} - {fmt(row['after_max'])}"] + [fmt(row["after_per_seed"].get(s)) for s in meta["seeds"]] + [roles or "-"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Role reward: the mean reward of a role's replies in the test episodes (`before/` and `after/results.json`)."]
+    lines += ["", "Role reward: the mean reward of a role's replies in the test episodes (`before/` and `after/results.json`).",
+              "", "Warm starts: " + "; ".join(f"{METHODS[method][1]}: " + ", ".join(f"{policy} `{model}`" for policy, model in policies.items())
+                                              for method, policies in meta["warm_starts"].items()) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -271,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
-        # the warm start as a single agent and as a team (a model per role starts from the same weights)
-        before_specs = [f"{name}={METHODS[name][0]}" for name in ("sa", "mas") if name == "mas" or name in args.methods]
+        # each method's recipe at its warm start: a model per role may start its roles apart (--set)
+        before_specs = [f"{name}={METHODS[name][0]}" for name in args.methods]
         before = earlier_before(out, before_specs, args)
         if before is None:
             before = evaluate_runs(before_specs, args, out / "before", swap=False)
@@ -285,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     table = aggregate(before, after, args.methods, args.seeds)
     meta = {"steps": steps, "seeds": args.seeds, "episodes": next((r["episodes"] for r in after["rows"]), None),
-            "wall_s": time.perf_counter() - started, "overrides": args.overrides}
+            "wall_s": time.perf_counter() - started, "overrides": args.overrides,
+            "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm_start(args, m).items()} for m in args.methods}}
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": table}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
     curves = [f"--curves={m}=" + ",".join(str(out / "logs" / f"{run_label(m, s)}.jsonl") for s in args.seeds) for m in args.methods]
