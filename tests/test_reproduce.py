@@ -128,12 +128,12 @@ def test_training_runs_go_jobs_at_once_and_a_failed_one_stops_the_reproduction(t
 
     monkeypatch.setattr(reproduce.subprocess, "run", main_ppo)
     args = reproduce.parse_args(["--methods", "sa", "--seeds", "0,1,2", "--jobs", "2", "--out", str(tmp_path / "out")])
-    reproduce.train_all(40, args, tmp_path / "out")
+    reproduce.train_all(40, args, tmp_path / "out", {"sa": reproduce.warm_start(args, "sa")})
     assert sorted(trained) == ["sa_s0", "sa_s1", "sa_s2"]
     assert capsys.readouterr().out.count("] done in") == 3
     failing = reproduce.parse_args(["--methods", "sa", "--seeds", "9", "--out", str(tmp_path / "out")])
     with pytest.raises(reproduce.ReproduceError, match="training sa_s9 failed"):
-        reproduce.train_all(40, failing, tmp_path / "out")
+        reproduce.train_all(40, failing, tmp_path / "out", {"sa": reproduce.warm_start(failing, "sa")})
 
 
 def test_finished_steps_reads_verls_last_file(tmp_path):
@@ -199,19 +199,20 @@ def test_before_is_reused_only_for_the_same_runs_and_warm_start(tmp_path, monkey
     (model / "warm_start.json").write_text('{"steps": 1200}')
     args = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "8"])
     specs = ["sa=plan_path_sa_grpo_repro_cpu", "mas=plan_path_mas_atgrpo_repro_cpu"]
+    warm = lambda a: {m: reproduce.warm_start(a, m) for m in ("sa", "mas")}  # noqa: E731  (read again: the model may change)
     before_dir = tmp_path / "out" / "before"
     before_dir.mkdir(parents=True)
-    assert reproduce.earlier_before(tmp_path / "out", specs, args) is None  # nothing there
+    assert reproduce.earlier_before(tmp_path / "out", specs, args, warm(args)) is None  # nothing there
     (before_dir / "results.json").write_text(json.dumps({"rows": [_row("sa", 0.1), _row("mas", 0.2)]}))
-    (before_dir / "fingerprint.json").write_text(json.dumps(reproduce.fingerprint(specs, args)))
-    assert reproduce.earlier_before(tmp_path / "out", specs, args)["rows"][1]["success"] == 0.2
+    (before_dir / "fingerprint.json").write_text(json.dumps(reproduce.fingerprint(specs, args, warm(args))))
+    assert reproduce.earlier_before(tmp_path / "out", specs, args, warm(args))["rows"][1]["success"] == 0.2
     other = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "16"])
-    assert reproduce.earlier_before(tmp_path / "out", specs, other) is None  # other problems
+    assert reproduce.earlier_before(tmp_path / "out", specs, other, warm(other)) is None  # other problems
     (model / "warm_start.json").write_text('{"steps": 600}')
-    assert reproduce.earlier_before(tmp_path / "out", specs, args) is None  # another warm start
+    assert reproduce.earlier_before(tmp_path / "out", specs, args, warm(args)) is None  # another warm start
     (before_dir / "results.json").write_text('{"rows": [')  # cut short
-    (before_dir / "fingerprint.json").write_text(json.dumps(reproduce.fingerprint(specs, args)))
-    assert reproduce.earlier_before(tmp_path / "out", specs, args) is None
+    (before_dir / "fingerprint.json").write_text(json.dumps(reproduce.fingerprint(specs, args, warm(args))))
+    assert reproduce.earlier_before(tmp_path / "out", specs, args, warm(args)) is None
 
 
 def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_ones_start(tmp_path, monkeypatch):
@@ -229,7 +230,8 @@ def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_
     assert reproduce.warm_start(together, "per_role")["plan_policy"]["warm_start"] == {"name": "tiny_model_plan_path_demos"}
     # the "before" evaluation and a finished run both belong to the warm starts they came from
     specs = ["per_role=plan_path_mas_full_repro_cpu"]
-    assert reproduce.fingerprint(specs, apart) != reproduce.fingerprint(specs, together)
+    assert (reproduce.fingerprint(specs, apart, {"per_role": warm})
+            != reproduce.fingerprint(specs, together, {"per_role": reproduce.warm_start(together, "per_role")}))
     run_dir = tmp_path / "out" / "checkpoints" / "per_role_s0"
     run_dir.mkdir(parents=True)
     (run_dir / "latest_checkpointed_iteration.txt").write_text("40")

@@ -133,10 +133,10 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     print(f"[train {label}] done in {time.perf_counter() - started:.0f} s", flush=True)
 
 
-def train_all(steps: int, args: argparse.Namespace, out: Path) -> None:
-    """Every (seed, method) run, ``--jobs`` at once; after a failure the runs not started are
-    dropped, those running finish (each resumes where it stopped on the next invocation)."""
-    warm = {method: warm_start(args, method) for method in args.methods}  # composes recipes: Hydra's global state is for one thread
+def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict) -> None:
+    """Every (seed, method) run from ``warm`` (method -> ``warm_start(args, method)``), ``--jobs`` at
+    once; after a failure the runs not started are dropped, those running finish (each resumes where
+    it stopped on the next invocation)."""
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process
         futures = [pool.submit(train, method, seed, steps, args, out, warm[method]) for seed in args.seeds for method in args.methods]
         try:
@@ -169,16 +169,16 @@ def warm_start(args: argparse.Namespace, method: str) -> dict:
             for policy, model in models.items()}
 
 
-def fingerprint(specs: list[str], args: argparse.Namespace) -> dict:
-    """What a "before" evaluation depends on: runs, problems, overrides and the warm starts themselves."""
-    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides,
-            "warm": {method: warm_start(args, method) for method in (spec.split("=", 1)[0] for spec in specs)}}
+def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict) -> dict:
+    """What a "before" evaluation depends on: runs, problems, overrides and the warm starts themselves
+    (``warm``: method -> ``warm_start(args, method)``)."""
+    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides, "warm": warm}
 
 
-def earlier_before(out: Path, specs: list[str], args: argparse.Namespace) -> dict | None:
+def earlier_before(out: Path, specs: list[str], args: argparse.Namespace, warm: dict) -> dict | None:
     """The "before" results of an earlier invocation when made of the same runs and warm start."""
     try:
-        if json.loads((out / "before" / "fingerprint.json").read_text()) != fingerprint(specs, args):
+        if json.loads((out / "before" / "fingerprint.json").read_text()) != fingerprint(specs, args, warm):
             return None
         before = json.loads((out / "before" / "results.json").read_text())
     except (OSError, ValueError):
@@ -281,11 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
         # each method's recipe at its warm start: a model per role may start its roles apart (--set)
         before_specs = [f"{name}={METHODS[name][0]}" for name in args.methods]
-        before = earlier_before(out, before_specs, args)
+        warm = {method: warm_start(args, method) for method in args.methods}  # composes recipes: Hydra's global state is for one thread
+        before = earlier_before(out, before_specs, args, warm)
         if before is None:
             before = evaluate_runs(before_specs, args, out / "before", swap=False)
-            (out / "before" / "fingerprint.json").write_text(json.dumps(fingerprint(before_specs, args)))
-        train_all(steps, args, out)
+            (out / "before" / "fingerprint.json").write_text(json.dumps(fingerprint(before_specs, args, warm)))
+        train_all(steps, args, out, warm)
         after_specs = [f"{run_label(m, s)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, s)}" for s in args.seeds for m in args.methods]
         after = evaluate_runs(after_specs, args, out / "after")
     except (ReproduceError, runs.EvalError) as error:
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     table = aggregate(before, after, args.methods, args.seeds)
     meta = {"steps": steps, "seeds": args.seeds, "episodes": next((r["episodes"] for r in after["rows"]), None),
             "wall_s": time.perf_counter() - started, "overrides": args.overrides,
-            "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm_start(args, m).items()} for m in args.methods}}
+            "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm[m].items()} for m in args.methods}}
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": table}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
     curves = [f"--curves={m}=" + ",".join(str(out / "logs" / f"{run_label(m, s)}.jsonl") for s in args.seeds) for m in args.methods]
