@@ -190,6 +190,23 @@ def test_aggregate_reports_before_after_mean_and_spread_per_method(tmp_path):
     assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 | 0.200 - 0.400 | 0.200 | 0.400 | - |" in text
     png = reproduce.plot_table(list(table.values()), tmp_path)
     assert os.path.getsize(png) > 10_000
+    # roles started together: the untrained per-role team is the shared one, and its row stands for it
+    shared = reproduce.aggregate(before, after, ["sa", "mas", "per_role"], [0, 1], {"sa": "sa", "mas": "mas", "per_role": "mas"})
+    assert [r["before"] for r in shared] == [0.1, 0.2, 0.2, 0.2]
+    text = reproduce.markdown(shared, {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600, "warm_starts": warm, "before_of": {"per_role": "mas"}})
+    assert "Before training, MAS + AT-GRPO, a model per role is the team of MAS + AT-GRPO, shared policy" in text
+
+
+def test_a_model_per_role_is_evaluated_before_training_only_when_its_roles_start_apart():
+    start = lambda model: {"model": model, "warm_start": None}  # noqa: E731
+    together = {"sa": {"shared": start("demos")}, "mas": {"shared": start("demos")},
+                "per_role": {"tool_policy": start("demos"), "plan_policy": start("demos")}}
+    assert reproduce.before_sources(["sa", "mas", "per_role"], together) == {"sa": "sa", "mas": "mas", "per_role": "mas"}
+    assert reproduce.before_sources(["per_role"], together) == {"per_role": "per_role"}  # no shared run to stand for it
+    apart = {**together, "per_role": {"tool_policy": start("demos"), "plan_policy": start("planner")}}
+    assert reproduce.before_sources(["sa", "mas", "per_role"], apart) == {"sa": "sa", "mas": "mas", "per_role": "per_role"}
+    other = {**together, "mas": {"shared": start("other")}}
+    assert reproduce.before_sources(["mas", "per_role"], other)["per_role"] == "per_role"
 
 
 def test_before_is_reused_only_for_the_same_runs_and_warm_start(tmp_path, monkeypatch):

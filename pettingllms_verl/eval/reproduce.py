@@ -169,6 +169,15 @@ def warm_start(args: argparse.Namespace, method: str) -> dict:
             for policy, model in models.items()}
 
 
+def before_sources(methods: list[str], warm: dict) -> dict[str, str]:
+    """method -> the method whose "before" evaluation stands for it. Untrained, a model per role whose
+    roles all start from the shared policy's model is the shared team (same weights, same sampling):
+    playing it again would cost a launch for the same distribution. Started apart, it has its own."""
+    shared = "mas" in methods and {start["model"] for start in warm["mas"].values()}
+    return {method: "mas" if method == "per_role" and shared and {start["model"] for start in warm[method].values()} == shared else method
+            for method in methods}
+
+
 def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict) -> dict:
     """What a "before" evaluation depends on: runs, problems, overrides and the warm starts themselves
     (``warm``: method -> ``warm_start(args, method)``)."""
@@ -191,9 +200,10 @@ def _role_rewards(row: dict | None) -> dict[str, float]:
     return {role: stats["reward_mean"] for role, stats in (row or {}).get("roles", {}).items()}
 
 
-def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int]) -> list[dict]:
-    """One row per method (and per-role swapped): test success before, after per seed, mean/min/max;
-    and per role its mean reward before and after (mean over seeds): a role can learn while the team does not."""
+def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], sources: dict[str, str] | None = None) -> list[dict]:
+    """One row per method (and per-role swapped): test success before (the row of ``sources[method]``,
+    ``before_sources``; default its own), after per seed, mean/min/max; and per role its mean reward
+    before and after (mean over seeds): a role can learn while the team does not."""
     base = {row["label"]: row for row in before["rows"] if not row["swapped"]}
     table = []
     for method in methods:
@@ -202,7 +212,7 @@ def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int]) -
             rows = {labels[row["label"]]: row for row in after["rows"] if row["swapped"] == swapped and row["label"] in labels}
             per_seed = {seed: row["success"] for seed, row in rows.items()}
             values = [per_seed[s] for s in seeds if s in per_seed]
-            start = base.get(method)  # each method's recipe at its warm start
+            start = base.get((sources or {}).get(method, method))  # the method's recipe at its warm start
             after_roles = [_role_rewards(rows[s]) for s in seeds if s in rows]
             table.append({
                 "method": method, "recipe": METHODS[method][0], "name": METHODS[method][1] + (", policies swapped" if swapped else ""), "swapped": swapped,
@@ -236,6 +246,9 @@ def markdown(table: list[dict], meta: dict) -> str:
     lines += ["", "Role reward: the mean reward of a role's replies in the test episodes (`before/` and `after/results.json`).",
               "", "Warm starts: " + "; ".join(f"{METHODS[method][1]}: " + ", ".join(f"{policy} `{model}`" for policy, model in policies.items())
                                               for method, policies in meta["warm_starts"].items()) + "."]
+    for method, source in meta.get("before_of", {}).items():
+        lines += ["", f"Before training, {METHODS[method][1]} is the team of {METHODS[source][1]} (every role from the same model): "
+                  "one evaluation stands for both."]
     return "\n".join(lines) + "\n"
 
 
@@ -279,9 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
-        # each method's recipe at its warm start: a model per role may start its roles apart (--set)
-        before_specs = [f"{name}={METHODS[name][0]}" for name in args.methods]
         warm = {method: warm_start(args, method) for method in args.methods}  # composes recipes: Hydra's global state is for one thread
+        # each method's recipe at its warm start, once per distinct team (a model per role may start its roles apart: --set)
+        sources = before_sources(args.methods, warm)
+        before_specs = [f"{name}={METHODS[name][0]}" for name in args.methods if sources[name] == name]
         before = earlier_before(out, before_specs, args, warm)
         if before is None:
             before = evaluate_runs(before_specs, args, out / "before", swap=False)
@@ -292,10 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ReproduceError, runs.EvalError) as error:
         print(f"reproduce: {error}", file=sys.stderr)
         return 1
-    table = aggregate(before, after, args.methods, args.seeds)
+    table = aggregate(before, after, args.methods, args.seeds, sources)
     meta = {"steps": steps, "seeds": args.seeds, "episodes": next((r["episodes"] for r in after["rows"]), None),
             "wall_s": time.perf_counter() - started, "overrides": args.overrides,
-            "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm[m].items()} for m in args.methods}}
+            "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm[m].items()} for m in args.methods},
+            "before_of": {m: source for m, source in sources.items() if source != m}}
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": table}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
     curves = [f"--curves={m}=" + ",".join(str(out / "logs" / f"{run_label(m, s)}.jsonl") for s in args.seeds) for m in args.methods]
