@@ -173,15 +173,18 @@ def before_sources(methods: list[str], warm: dict) -> dict[str, str]:
     """method -> the method whose "before" evaluation stands for it. Untrained, a model per role whose
     roles all start from the shared policy's model is the shared team (same weights, same sampling):
     playing it again would cost a launch for the same distribution. Started apart, it has its own."""
-    shared = "mas" in methods and {start["model"] for start in warm["mas"].values()}
-    return {method: "mas" if method == "per_role" and shared and {start["model"] for start in warm[method].values()} == shared else method
-            for method in methods}
+    def models(method: str) -> set[str]:
+        return {start["model"] for start in warm[method].values()}
+
+    together = "mas" in methods and "per_role" in methods and models("per_role") == models("mas")
+    return {method: "mas" if method == "per_role" and together else method for method in methods}
 
 
 def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict) -> dict:
-    """What a "before" evaluation depends on: runs, problems, overrides and the warm starts themselves
-    (``warm``: method -> ``warm_start(args, method)``)."""
-    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides, "warm": warm}
+    """What a "before" evaluation depends on: runs, problems, overrides and the warm starts of the
+    evaluated methods (``warm``: method -> ``warm_start(args, method)``)."""
+    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides,
+            "warm": {method: warm[method] for method in (spec.split("=", 1)[0] for spec in specs)}}
 
 
 def earlier_before(out: Path, specs: list[str], args: argparse.Namespace, warm: dict) -> dict | None:
