@@ -248,3 +248,27 @@ def test_jobs_play_runs_at_once_and_report_them_in_the_order_given(env, monkeypa
     with pytest.raises(SystemExit):
         main([RECIPE, "--jobs", "0"])
     assert "--jobs 0: need at least 1" in capsys.readouterr().err
+
+
+def test_progress_lines_of_runs_going_at_once_stay_whole(monkeypatch):
+    import io
+    import sys
+    import threading
+    import time
+
+    from pettingllms_verl.eval import __main__ as evaluate
+
+    class Slow(io.StringIO):  # a terminal that lets other threads in between writes, as a busy machine does
+        def write(self, text):
+            time.sleep(0.001)
+            return super().write(text)
+
+    stream = Slow()
+    monkeypatch.setattr(sys, "stdout", stream)
+    threads = [threading.Thread(target=lambda n=n: [evaluate.say(f"[run {n}] line {i}") for i in range(20)]) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lines = stream.getvalue().splitlines()
+    assert sorted(lines) == sorted(f"[run {n}] line {i}" for n in range(4) for i in range(20))  # print() interleaves here

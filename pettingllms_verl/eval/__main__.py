@@ -130,12 +130,21 @@ def count_logged(directory: str) -> int:
     return total
 
 
+def say(line: str) -> None:
+    """A progress line on stdout. Runs going at once print from several threads: tqdm's lock keeps
+    each line whole (``print`` writes the text and its newline apart) and redraws the bars below it."""
+    from tqdm import tqdm
+
+    tqdm.write(line)
+    sys.stdout.flush()  # in order with the bars (stderr) where both go to one log
+
+
 def play(run: Run, args: argparse.Namespace, out: Path, bar_position: int = 0) -> float:
     """Run main_ppo in validation mode for ``run``; returns its wall time. Raises EvalError on failure."""
     from tqdm import tqdm
 
-    print(f"[{run.label}] {run.recipe} on {run.data_file}" + (f", checkpoint {run.checkpoint}" if run.checkpoint else ", base models")
-          + (f", also swapped {run.swap}" if run.swap else ""), flush=True)
+    say(f"[{run.label}] {run.recipe} on {run.data_file}" + (f", checkpoint {run.checkpoint}" if run.checkpoint else ", base models")
+        + (f", also swapped {run.swap}" if run.swap else ""))
     run_dir = out / "runs" / run.label
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -143,7 +152,7 @@ def play(run: Run, args: argparse.Namespace, out: Path, bar_position: int = 0) -
                *runs.main_ppo_overrides(run, args.episodes, str(run_dir), args.jobs)]
     (run_dir / "command.json").write_text(json.dumps(command, indent=1))
     log_path = run_dir / "main_ppo.log"
-    print(f"[{run.label}] main_ppo starting (Ray, workers, models: a minute or more before the first episode); log: {log_path}", flush=True)
+    say(f"[{run.label}] main_ppo starting (Ray, workers, models: a minute or more before the first episode); log: {log_path}")
     started = time.perf_counter()
     with open(log_path, "w") as log, tqdm(total=expected_episodes(run, args.episodes), desc=run.label, unit="episode", position=bar_position) as bar:
         env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl")}

@@ -107,7 +107,7 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     if done > steps:
         raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
     if done == steps:
-        print(f"[train {label}] finished earlier ({done} steps): kept", flush=True)
+        evaluate.say(f"[train {label}] finished earlier ({done} steps): kept")
         return
     log_dir = out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -123,14 +123,14 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     ]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str((log_dir / f"{label}.jsonl").resolve())}
     log_path = log_dir / f"{label}.main_ppo.log"
-    print(f"[train {label}] main_ppo, steps {done + 1}-{steps}; log: {log_path}", flush=True)
+    evaluate.say(f"[train {label}] main_ppo, steps {done + 1}-{steps}; log: {log_path}")
     started = time.perf_counter()
     with open(log_path, "a") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if code != 0:
         tail = "".join(open(log_path, errors="replace").readlines()[-15:])
         raise ReproduceError(f"training {label} failed (exit {code}); its log: {log_path}\n{tail}")
-    print(f"[train {label}] done in {time.perf_counter() - started:.0f} s", flush=True)
+    evaluate.say(f"[train {label}] done in {time.perf_counter() - started:.0f} s")
 
 
 def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict) -> None:
@@ -195,7 +195,7 @@ def earlier_before(out: Path, specs: list[str], args: argparse.Namespace, warm: 
         before = json.loads((out / "before" / "results.json").read_text())
     except (OSError, ValueError):
         return None
-    print(f"[before] evaluated earlier with the same runs and warm start: {out / 'before'} kept", flush=True)
+    evaluate.say(f"[before] evaluated earlier with the same runs and warm start: {out / 'before'} kept")
     return before
 
 
