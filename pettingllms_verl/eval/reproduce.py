@@ -235,7 +235,8 @@ def markdown(table: list[dict], meta: dict) -> str:
         "",
         f"Test success (share of {meta['episodes']} test problems solved, sampled at T = 1), before training (the warm start) "
         f"and after {meta['steps']} steps (each run's best step on val), over seeds {', '.join(map(str, meta['seeds']))}. "
-        f"This invocation took {meta['wall_s'] / 60:.0f} min (training runs kept from an earlier one not counted).",
+        f"This invocation took {meta['wall_s'] / 60:.0f} min, not counting the warm start and data made before it "
+        "(`make reproduce` makes both) nor training runs kept from an earlier invocation.",
         "",
         "| method | before | after: mean | min - max | " + " | ".join(f"seed {s}" for s in meta["seeds"]) + " | role reward: before -> after (mean) |",
         "|---|---|---|---|" + "---|" * len(meta["seeds"]) + "---|",
