@@ -29,6 +29,35 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def warm_model(tmp_path_factory, worker_id):
+    """(env name, folder) -> the folder, holding a copy of the tiny model warm-started on that env
+    (seed 0). Each model is trained once per test run, shared by the xdist workers under a file
+    lock: the code warm start alone takes ~3.5 min on 2 cores, and three test files use them."""
+    import shutil
+
+    from filelock import FileLock
+
+    from pettingllms_verl.models.tiny import build, warm_start
+
+    run_dir = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        run_dir = run_dir.parent  # the run's folder, above each worker's own
+
+    def copy(env: str, dest):
+        done = run_dir / f"warm_tiny_model_{env}"
+        with FileLock(f"{done}.lock"):
+            if not done.exists():
+                partial = run_dir / f"warm_tiny_model_{env}.partial"  # renamed once whole: a crash leaves no half model
+                shutil.rmtree(partial, ignore_errors=True)
+                warm_start(build(str(partial), seed=0), env, seed=0)
+                partial.rename(done)
+        shutil.copytree(done, dest)
+        return dest
+
+    return copy
+
+
+@pytest.fixture(scope="session")
 def chat_ids(tiny_model_dir):
     """text -> prompt token ids of a one-message chat with the tiny tokenizer's template."""
     from transformers import AutoTokenizer

@@ -17,13 +17,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
+def artifacts(tmp_path_factory, warm_model):
     from pettingllms_verl.data.rows import write_parquet
     from pettingllms_verl.envs.splits import generate_splits
-    from pettingllms_verl.models.tiny import build, warm_start
 
     root = tmp_path_factory.mktemp("mas")
-    warm_start(build(str(root / "tiny_model_plan_path"), seed=0), "plan_path", seed=0)
+    warm_model("plan_path", root / "tiny_model_plan_path")
     splits = generate_splits("plan_path", {"train": 32, "val": 4}, {"size": 6})
     for split, rows in splits.items():
         write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
@@ -154,22 +153,31 @@ def test_two_data_parallel_ranks_get_whole_groups_and_keep_sharing_their_prompts
 
 
 @pytest.fixture(scope="module")
-def team_artifacts(artifacts):
-    """Warm-started tiny models for math and code; math's shipped problems; for code, problems that
-    one of the warm-start programs (``print(input())``) solves, so a passing program is likely."""
+def team_artifacts(artifacts, warm_model):
+    """Warm-started tiny models for math and code; math's shipped problems; for code, problems on
+    which every warm-start program (``tiny.STDIN_PROGRAMS``) passes a test: ``1`` -> ``1`` (echo,
+    reverse, length, sum, max) and ``2 1`` -> ``2`` (product, max). A passing program then does not
+    hang on sampling luck: with the echo problems of before, about 1 sampled program in 20 passed a
+    test (9 of 192 samples), and in one CI run all 48 coder replies failed."""
+    from pettingllms_verl import envs
     from pettingllms_verl.data.sources import disjoint_splits, write_splits
     from pettingllms_verl.envs.base import fixture_tasks
     from pettingllms_verl.envs.math.env import FIXTURE
-    from pettingllms_verl.models.tiny import build, warm_start
+    from pettingllms_verl.models.tiny import STDIN_PROGRAMS
 
     for env in ("math", "code"):
-        warm_start(build(str(artifacts / f"tiny_model_{env}"), seed=0), env, seed=0)
+        warm_model(env, artifacts / f"tiny_model_{env}")
     math_tasks = list(fixture_tasks(FIXTURE))
     write_splits(disjoint_splits("math", math_tasks[4:], math_tasks[:4], None, None, val=4), str(artifacts / "data" / "math_fixture"), "team_artifacts")
-    words = ["apple", "river stone", "42", "a b c", "hello world", "x", "tic tac", "7 8 9", "moon", "blue sky"]
-    echo = [{"problem": f"Read one line and print it unchanged (set {i}).", "solution": "print(input())",
-             "tests": [{"input": f"{w}\n", "output": f"{w}\n"} for w in words[i : i + 3]]} for i in range(8)]
-    write_splits(disjoint_splits("code", echo[2:], echo[:2], None, None, val=2), str(artifacts / "data" / "code_fixture"), "team_artifacts")
+    lines = ["7", "3 5", "9 2", "4", "1 8", "6 6", "2", "5 1"]
+    largest = [{"problem": f"Print the largest number on the line (set {i}).", "solution": "print(max(map(int, input().split())))",
+                "tests": [{"input": f"{line}\n", "output": f"{max(map(int, line.split()))}\n"} for line in ("1", "2 1", lines[i])]}
+               for i in range(8)]
+    for program in STDIN_PROGRAMS:
+        code_env = envs.make("code")
+        code_env.reset(seed=0, task=largest[0])
+        assert code_env.step("coder", f"```python\n{program}\n```").local_reward > 0, program
+    write_splits(disjoint_splits("code", largest[2:], largest[:2], None, None, val=2), str(artifacts / "data" / "code_fixture"), "team_artifacts")
     return artifacts
 
 

@@ -23,13 +23,13 @@ K_MINI_BATCHES = 2  # its pettingllms.trainer.mini_batches_per_step
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
+def artifacts(tmp_path_factory, warm_model):
     from pettingllms_verl.data.rows import write_parquet
     from pettingllms_verl.envs.splits import generate_splits
-    from pettingllms_verl.models.tiny import build, warm_start
+    from pettingllms_verl.models.tiny import build
 
     root = tmp_path_factory.mktemp("policies")
-    warm_start(build(str(root / "tiny_model_plan_path"), seed=0), "plan_path", seed=0)
+    warm_model("plan_path", root / "tiny_model_plan_path")
     build(str(root / "tiny_model"), seed=0)
     for split, rows in generate_splits("plan_path", {"train": 32, "val": 4, "test": 4}, {"size": 6}).items():
         write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
