@@ -338,12 +338,21 @@ def test_parallel_runs_are_capped():
 
 
 HOLD_EVERY_SLOT = """
-import threading
-from pettingllms_verl.sandbox import SandboxLimits, run_python
-from pettingllms_verl.sandbox.client import MAX_PARALLEL
-for _ in range(MAX_PARALLEL):
+import sys, threading
+from pettingllms_verl.sandbox import SandboxLimits, client, run_python
+client.SLOTS_DIR = sys.argv[1]
+for _ in range(client.MAX_PARALLEL):
     threading.Thread(target=run_python, args=("import time; time.sleep(300)",), kwargs={"limits": SandboxLimits(wall_s=300)}).start()
 """
+
+
+@pytest.fixture()
+def private_slots(tmp_path, monkeypatch) -> str:
+    """A slot folder of this test's own: the machine's is shared with every other process running
+    programs (the other test worker's end-to-end runs), whose slots would count as held here."""
+    os.makedirs(tmp_path / "slots")
+    monkeypatch.setattr(client, "SLOTS_DIR", str(tmp_path / "slots"))
+    return client.SLOTS_DIR
 
 
 def _slots_held() -> int:
@@ -359,10 +368,10 @@ def _slots_held() -> int:
     return held
 
 
-def test_the_cap_is_per_machine_and_a_dead_holder_frees_its_slots():
+def test_the_cap_is_per_machine_and_a_dead_holder_frees_its_slots(private_slots):
     """Another process running MAX_PARALLEL programs holds the whole machine's budget: a run here
     waits until that process dies (SIGKILL: the kernel frees its slots), then runs."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_EVERY_SLOT])
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_EVERY_SLOT, private_slots])
     try:
         deadline = time.monotonic() + 120
         while _slots_held() < client.MAX_PARALLEL:
@@ -380,10 +389,10 @@ def test_the_cap_is_per_machine_and_a_dead_holder_frees_its_slots():
     assert results[0].stdout == "ran\n"
 
 
-def test_a_run_waits_for_a_slot_only_so_long_then_says_who_holds_them(monkeypatch):
+def test_a_run_waits_for_a_slot_only_so_long_then_says_who_holds_them(monkeypatch, private_slots):
     """Slots held and never given back (a wedged process): the wait ends at its bound with an
     error naming the slot folder; once a slot is free, runs go on."""
-    held = [os.open(os.path.join(client.SLOTS_DIR, f"slot-{slot}"), os.O_RDONLY | os.O_CREAT, 0o666) for slot in range(client.MAX_PARALLEL)]
+    held = [os.open(os.path.join(private_slots, f"slot-{slot}"), os.O_RDONLY | os.O_CREAT, 0o666) for slot in range(client.MAX_PARALLEL)]
     try:
         for fd in held:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: it conflicts with run_python's own

@@ -22,7 +22,7 @@ from pettingllms_verl.sandbox.protocol import recv_frame, send_frame
 
 MAX_ANSWER_CHARS = 200  # longer "answers" are not graded (competition answers are short)
 GRADE_TIMEOUT_S = 5  # math-verify's own parse / verify budget, per call
-_STARTUP_TIMEOUT_S = 120.0  # importing sympy + math-verify in the child
+_STARTUP_TIMEOUT_S = 120.0  # importing sympy + math-verify and its first parse, in the child
 
 
 class AnswerGrader:
@@ -102,6 +102,10 @@ def _serve(conn: socket.socket, timeout_s: int) -> None:
     def parsed(text: str):
         return parse(f"\\boxed{{{text}}}", parsing_timeout=timeout_s)
 
+    # math-verify builds its LaTeX grammar at the first parse (~0.2 s idle, several times that on a
+    # busy machine): do it before "ready", so a caller's per-answer budget covers grading only
+    one = parse("\\boxed{1}", parsing_timeout=None)  # None: no alarm; the parent's start-up wait bounds it
+    verify(one, one)
     send_frame(conn, "ready")
     while True:
         try:
