@@ -163,7 +163,7 @@ def team_artifacts(artifacts, warm_model):
     from pettingllms_verl.data.sources import disjoint_splits, write_splits
     from pettingllms_verl.envs.base import fixture_tasks
     from pettingllms_verl.envs.math.env import FIXTURE
-    from pettingllms_verl.models.tiny import STDIN_PROGRAMS
+    from pettingllms_verl.models.tiny import STDIN_PROGRAMS, _python
 
     for env in ("math", "code"):
         warm_model(env, artifacts / f"tiny_model_{env}")
@@ -176,7 +176,7 @@ def team_artifacts(artifacts, warm_model):
     for program in STDIN_PROGRAMS:
         code_env = envs.make("code")
         code_env.reset(seed=0, task=largest[0])
-        assert code_env.step("coder", f"```python\n{program}\n```").local_reward > 0, program
+        assert code_env.step("coder", _python(program)).local_reward > 0, program  # the warm start's reply
     write_splits(disjoint_splits("code", largest[2:], largest[:2], None, None, val=2), str(artifacts / "data" / "code_fixture"), "team_artifacts")
     return artifacts
 
