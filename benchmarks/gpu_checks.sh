@@ -4,8 +4,9 @@
 # fp32 and bf16), and one training step of each policy mode (L0 shared, L1 LoRA per role, L2 full
 # model per role) on Plan-Path through `python -m verl.trainer.main_ppo`. Each part has its own time
 # limit and log in OUT_DIR; a failed part does not stop the rest; the summary goes to stdout. A
-# main_ppo run spends ~80 s starting (Ray, workers, replicas) before its first step, so the tests and
-# the three modes run side by side (16 cores, one GPU with room for all); the benchmark runs first, alone.
+# main_ppo run spends ~80 s starting (Ray, workers, replicas) before its first step, so the tests (three
+# xdist workers) and the three modes run side by side (16 cores, one GPU with room for all); the
+# benchmark runs first, alone.
 #
 #   bash benchmarks/gpu_checks.sh OUT_DIR     (python3 must import torch with CUDA, verl and pettingllms_verl)
 set -u
@@ -32,17 +33,19 @@ grep '^|' "$out/bench_rollout.log"
 python3 data_prep/plan_path.py --size 6 --train 256 --val 16 --test 32 --out-dir "$PETTINGLLMS_ARTIFACTS/data/plan_path_6x6" >/dev/null
 python3 -m pettingllms_verl.models.tiny --out "$PETTINGLLMS_ARTIFACTS/tiny_model_plan_path" >/dev/null 2>&1  # untrained: a smoke step
 for mode in L0:plan_path_mas_atgrpo_cpu L1:plan_path_mas_lora_cpu L2:plan_path_mas_full_cpu; do
-  VERL_FILE_LOGGER_PATH="$metrics/${mode%%:*}.jsonl" part "${mode%%:*}" 300 python3 -m verl.trainer.main_ppo \
+  VERL_FILE_LOGGER_PATH="$metrics/${mode%%:*}.jsonl" part "${mode%%:*}" 270 python3 -m verl.trainer.main_ppo \
     --config-path "$repo/recipes" --config-name "${mode#*:}" trainer.device=cuda trainer.total_training_steps=1 \
     trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 &
 done
-part test_gpu 420 python3 -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors --basetemp=/tmp/gpu_checks_pytest tests
+part test_gpu 330 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider --continue-on-collection-errors --basetemp=/tmp/gpu_checks_pytest tests
 wait
 grep -E "passed|failed|FAILED|ERROR" "$out/test_gpu.log" | tail -n 15
 # per step: the quickstart test's runs (verl's file logger under the test's tmp dir), then each mode's
 python3 - "$metrics" <<'EOF'
-import glob, json, sys
-runs = sorted(glob.glob("/tmp/gpu_checks_pytest/**/run.jsonl", recursive=True)) + sorted(glob.glob(sys.argv[1] + "/L*.jsonl"))
+import glob, json, os, sys
+# pytest's "<name>current" links repeat the numbered folders: real paths, each once
+runs = sorted({os.path.realpath(p) for p in glob.glob("/tmp/gpu_checks_pytest/**/run.jsonl", recursive=True)})
+runs += sorted(glob.glob(sys.argv[1] + "/L*.jsonl"))
 keys = ("timing_s/step", "timing_s/gen", "training/rollout_probs_diff_mean", "mas/success")
 for path in runs:
     name = path.split("/")[-2] if path.endswith("run.jsonl") else path.split("/")[-1]
