@@ -236,3 +236,27 @@ def test_a_hanging_grader_is_killed_and_only_the_answer_it_held_counts_as_wrong(
     end = end_of(outputs)
     assert end["mas_success"] and end["mas_end_cause"] not in ERRORS  # the episode went on, on the right branch
     assert episode_metrics([o.extra_fields for o in outputs])["mas/episode_errors"] == 0
+
+
+@pytest.mark.parametrize("mode", ["independent", "tree"])
+def test_a_failed_episode_never_joins_the_group_of_real_replies(tokenizer, mode):
+    """Three episodes of one problem reply at turn 0; a fourth fails before its first reply. Its
+    placeholder's zero reward must not move the real replies' advantages (rewards [1, 1, 0.5] give
+    [0.58, 0.58, -1.15]; pooled with the placeholder's 0 they would give [0.78, 0.78, -0.26])."""
+    import torch
+
+    from pettingllms_verl.algo import compute_at_grpo_advantage
+
+    settings = {"rollout_mode": mode}
+    played = play(tokenizer, ScriptedServer(tokenizer), settings, fault="step", fault_turn=9)
+    (placeholder,) = play(tokenizer, ScriptedServer(tokenizer, fail_from=1), settings, fault="step", fault_turn=9)
+    assert placeholder.extra_fields["mas_placeholder"]
+    real_keys = {o.extra_fields["mas_group"] for o in played}
+    assert placeholder.extra_fields["mas_group"] not in real_keys
+    # the three real first-turn replies of the tool role, as in independent mode (one group across episodes)
+    first = next(o.extra_fields["mas_group"] for o in played if o.extra_fields["mas_turn"] == 0)
+    index = [first, first, first, placeholder.extra_fields["mas_group"]]
+    rewards = torch.tensor([[1.0], [1.0], [0.5], [0.0]])
+    advantages, _ = compute_at_grpo_advantage(rewards, torch.ones_like(rewards), index)
+    assert advantages[:3, 0].tolist() == pytest.approx([0.577, 0.577, -1.155], abs=1e-3)
+    assert advantages[3, 0] == 0.0

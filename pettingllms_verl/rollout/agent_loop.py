@@ -36,8 +36,12 @@ def group_key(uid: str, session_id: int, sample: Sample, settings: PettingLLMsCo
     """AT-GRPO group of a sample: (problem uid, turn, role, tree node).
 
     In tree mode the node is a state inside one session's tree, so the session is part of it;
-    independent episodes (K = 1) of one problem share (turn, role) groups across sessions.
+    independent episodes (K = 1) of one problem share (turn, role) groups across sessions. A
+    placeholder (an episode that failed before its first reply) is a group of its own: its zero
+    reward must not enter the mean and std of the replies it stands beside.
     """
+    if sample.placeholder:
+        return f"{uid}|s{session_id}|placeholder"
     node = f"s{session_id}:{sample.node}" if settings.rollout_mode == "tree" else "indep"
     return f"{uid}|t{sample.turn}|{sample.role}|{node}"
 
