@@ -113,7 +113,7 @@ def test_failing_the_testers_tests_goes_on_and_shows_what_went_wrong():
         assert "print(5)" in content and "failed 1 of the tester's tests" in content and "'5\\n'" in content
     env.step("tester", io_reply(("2 2\n", "4\n")))
     env.step("coder", program(SUM))
-    assert env.done and env.success and env.global_reward == 1.0
+    assert env.done and env.success and env.global_reward == 1.0 and not env.truncated
 
 
 def test_turn_budget_ends_an_episode():
@@ -122,7 +122,7 @@ def test_turn_budget_ends_an_episode():
         assert not env.done
         env.step("tester", io_reply(("1 1\n", "2\n")))
         env.step("coder", "I am not sure.")
-    assert env.done and not env.success and env.global_reward == 0.0
+    assert env.done and not env.success and env.global_reward == 0.0 and env.truncated
     assert env.step("coder", program(SUM)).info == {"ignored": "episode is done"}
 
 

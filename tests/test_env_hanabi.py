@@ -143,6 +143,7 @@ def test_third_fuse_ends_the_game_with_score_zero():
     assert [r.local_reward for r in results] == [MISPLAY_PENALTY] * 2 and env.fuses == 1 and not env.done
     play_script(env, ["play 0"])  # the third R1
     assert env.fuses == 0 and env.done and env.score == 0 and not env.success and env.global_reward == 0.0
+    assert not env.truncated  # the rules ended it
     assert sum(env.fireworks.values()) == 2  # the fireworks stay; the standard score is 0
 
 
@@ -173,7 +174,7 @@ def test_turn_budget_ends_the_game():
     play_script(env, ["?", "?", "?"])
     assert not env.done
     play_script(env, ["?"])  # 2 rounds of 2 seats
-    assert env.done and env.score == 0 and not env.success
+    assert env.done and env.score == 0 and not env.success and env.truncated
 
 
 def test_out_of_turn_replies_are_ignored():

@@ -76,7 +76,7 @@ def test_tool_and_reasoner_that_agree_on_the_right_answer_end_the_episode(env):
     assert "Fraction(18, 24)" in env.observation("reasoner")[1]["content"]  # the reasoner sees the program
     reasoner = env.step("reasoner", "Divide by 6: \\boxed{\\frac{3}{4}}")
     assert (reasoner.local_reward, reasoner.info["agreed"]) == (1.0, True)
-    assert env.done and env.success and env.global_reward == 1.0
+    assert env.done and env.success and env.global_reward == 1.0 and not env.truncated
 
 
 def test_disagreement_goes_on_and_each_role_sees_the_other_answer(env):
@@ -95,7 +95,7 @@ def test_turn_budget_ends_an_episode_without_agreement(env):
         assert not env.done
         env.step("tool", code("print(1)"))
         env.step("reasoner", "\\boxed{2}")
-    assert env.done and not env.success
+    assert env.done and not env.success and env.truncated
     assert env.step("reasoner", "\\boxed{3/4}").info == {"ignored": "episode is done"}
 
 

@@ -119,7 +119,7 @@ def test_unparseable_reply_penalised_state_unchanged_turn_used():
     assert result.local_reward == PARSE_PENALTY and not result.parse_ok
     assert env.position == (0, 0) and env.turn == 1 and not env.done
     env.step("plan", "???")
-    assert env.done and not env.success
+    assert env.done and not env.success and env.truncated
     assert env.step("plan", SHORTEST).info == {"ignored": "episode is done"} and not env.success
 
 

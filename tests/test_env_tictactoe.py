@@ -120,6 +120,25 @@ def test_turn_budget_ends_an_undecided_game():
     for i in range(10):  # nobody ever names a cell: 5 turns of both roles
         env.step("xo"[i % 2], "pass")
     assert env.done and env.outcome == "unfinished" and not env.success and env.result("x") == "unfinished"
+    assert env.truncated  # the only end that is not the game's own
+
+
+def test_position_value_is_the_movers_outcome_under_perfect_play():
+    def after(moves):
+        env = make("tictactoe")
+        env.reset(0)
+        for i, cell in enumerate(moves):
+            env.step("xo"[i % 2], str(cell))
+        return env
+
+    assert after([]).position_value("x") == DRAW  # perfect play from the empty board draws
+    assert after([0, 4, 1, 8]).position_value("o") == LOSS  # o left 0-1-2 open: x wins next
+    blocked = after([0, 4, 1, 2])  # o blocked it (and now threatens 2-4-6)
+    assert (blocked.position_value("o"), blocked.position_value("x")) == (DRAW, DRAW)
+    assert after([0, 3]).position_value("o") == LOSS and after([0, 3]).position_value("x") == WIN  # a later loss: a fork
+    won = after([0, 3, 1, 4, 2])
+    assert won.done and (won.position_value("x"), won.position_value("o")) == (WIN, LOSS)
+    assert not won.truncated
 
 
 def test_sa_loss_lands_on_the_agents_step_and_opponent_opens_when_o_starts():

@@ -10,6 +10,7 @@ from pettingllms_verl import envs
 from pettingllms_verl.rollout.agent_loop import group_key
 from pettingllms_verl.rollout.episode import best_branch, run_episode
 from pettingllms_verl.config import PettingLLMsConfig, SettingsError, load
+from pettingllms_verl.envs.tictactoe.env import DRAW, LOSS, WIN
 
 MOVES = ["U", "D", "L", "R"]
 
@@ -270,18 +271,7 @@ def test_sandbox_runs_reach_the_metrics_per_role_and_status():
 def test_the_loser_of_a_game_is_credited_on_its_last_move():
     """MAS Tic-Tac-Toe: x wins on its third move; o's LOSS is added to o's last chosen reply (the move
     that let x win), not only reported on x's winning step."""
-    from pettingllms_verl.envs.tictactoe.env import LOSS, WIN
-
-    script = {"x": iter(["0", "1", "2"]), "o": iter(["3", "4"])}
-
-    async def generate(role, prompt_ids, n):
-        text = next(script[role])
-        return [([ord(c) for c in text], [-0.1] * len(text))] * n
-
-    env = envs.make("tictactoe")
-    env.reset(seed=0, task={"seed": 0, "first": "x", "opponent": "random"})
-    workflow = env.workflow("mas")
-    episode = asyncio.run(run_episode(env, workflow.turn_order, workflow.max_turns, 1, 1.0, generate, render, decode))
+    episode = tictactoe_episode({"x": iter([["0"], ["1"], ["2"]]), "o": iter([["3"], ["4"]])}, k=1)
     x_moves = [s for s in episode.samples if s.role == "x"]
     o_moves = [s for s in episode.samples if s.role == "o"]
     assert x_moves[-1].local_reward == WIN and x_moves[-1].info["final_rewards"]["o"] == LOSS
@@ -289,13 +279,60 @@ def test_the_loser_of_a_game_is_credited_on_its_last_move():
     assert o_moves[-1].reward == 1.0 * o_moves[-1].global_reward + LOSS
     assert o_moves[0].local_reward == 0.0  # earlier moves keep their own reward
 
-    # in a K = 2 tree the loss is not pinned on the chosen branch alone (its sibling was never played on)
-    script = {"x": iter(["0", "0", "1", "1", "2", "2"]), "o": iter(["3", "3", "4", "4"])}
-
-    async def generate_k(role, prompt_ids, n):
-        return [([ord(c) for c in next(script[role])], [-0.1]) for _ in range(n)]
-
-    env.reset(seed=0, task={"seed": 0, "first": "x", "opponent": "random"})
-    episode = asyncio.run(run_episode(env, workflow.turn_order, workflow.max_turns, 2, 1.0, generate_k, render, decode))
+    # in a K = 2 tree the final outcome is not pinned on the chosen branch alone (its sibling was never
+    # played on): each branch gets the value of its own position, LOSS for both o moves, once
+    script = {"x": iter([["0", "0"], ["1", "1"], ["2", "2"]]), "o": iter([["3", "3"], ["4", "4"]])}
+    episode = tictactoe_episode(script, k=2)
     last_o = [s for s in episode.samples if s.role == "o" and s.turn == 1]
-    assert len(last_o) == 2 and [s.local_reward for s in last_o] == [0.0, 0.0]
+    assert [s.local_reward for s in last_o] == [LOSS, LOSS] and [s.info["position_value"] for s in last_o] == [LOSS, LOSS]
+    last_x = [s for s in episode.samples if s.role == "x" and s.turn == 2]
+    assert [s.local_reward for s in last_x] == [WIN, WIN] and "position_value" not in last_x[0].info  # the win, once
+
+
+def tictactoe_episode(script, k, max_turns=None):
+    """MAS Tic-Tac-Toe, x first; ``script[role]`` yields the K reply texts of each of that role's nodes."""
+
+    async def generate(role, prompt_ids, n):
+        texts = next(script[role])
+        assert len(texts) == n
+        return [([ord(c) for c in text], [-0.1] * len(text)) for text in texts]
+
+    env = envs.make("tictactoe")
+    env.reset(seed=0, task={"seed": 0, "first": "x", "opponent": "random"})
+    workflow = env.workflow("mas")
+    return asyncio.run(run_episode(env, workflow.turn_order, max_turns or workflow.max_turns, k, 1.0, generate, render, decode))
+
+
+def test_a_tree_credits_each_branch_with_what_its_move_allows():
+    """After x 0, o 4, x 1 (x threatens 0-1-2), o's branch 0 plays 8 and lets x win on its next
+    reply, branch 1 blocks at 2. The win would land on x's step; the tree credits each o branch with
+    the value of its own position, so the block gets the higher reward and AT-GRPO advantage."""
+    import torch
+
+    from pettingllms_verl.algo import compute_at_grpo_advantage
+
+    script = {
+        "x": iter([["0", "0"], ["1", "1"], ["6", "6"], ["5", "5"], ["8", "8"]]),
+        "o": iter([["4", "4"], ["8", "2"], ["3", "3"], ["7", "7"]]),
+    }
+    episode = tictactoe_episode(script, k=2)
+    settings = PettingLLMsConfig(rollout_mode="tree", k=2)
+    keys = [group_key("p", 0, s, settings) for s in episode.samples]
+    scores = torch.tensor([[0.0, s.reward] for s in episode.samples])  # the reward sits on the last token
+    advantages, _ = compute_at_grpo_advantage(scores, torch.ones_like(scores), keys)
+    node = [i for i, s in enumerate(episode.samples) if (s.turn, s.role) == (1, "o")]
+    allows, blocks = (episode.samples[i] for i in node)
+    assert (allows.local_reward, blocks.local_reward) == (LOSS, DRAW) and blocks.reward > allows.reward
+    assert advantages[node[1], -1] > 0 > advantages[node[0], -1]
+    assert blocks.chosen and episode.end_cause is None and episode.final_global_reward == DRAW  # played on to a draw
+
+
+def test_an_end_by_the_rules_on_the_last_turn_is_no_truncation():
+    # x forfeits its first reply, so o's win lands on the last reply of the 5-turn budget
+    game = {"x": ["pass", "2", "5", "6", "7"], "o": ["0", "1", "3", "4", "8"]}
+    episode = tictactoe_episode({role: iter([[text] for text in texts]) for role, texts in game.items()}, k=1)
+    assert (episode.turns, episode.samples[-1].info["result"]["x"], episode.end_cause) == (5, "loss", None)
+    # the same game cut by the loop's budget, and a game that ran out of the env's own turns
+    cut = tictactoe_episode({role: iter([[text] for text in texts]) for role, texts in game.items()}, k=1, max_turns=3)
+    unfinished = tictactoe_episode({role: iter([["pass"]] * 5) for role in ("x", "o")}, k=1)
+    assert (cut.end_cause, unfinished.end_cause) == ("max_turns", "max_turns")

@@ -73,6 +73,11 @@ class Env(abc.ABC):
     # True where a role's replies are run as code (in the sandbox): the preflight then checks, before
     # Ray starts, that this machine isolates such code (or that the user opted out)
     runs_model_code: ClassVar[bool] = False
+    # True once the episode ended on the env's own turn limit, not by its rules (a win, a loss, a
+    # solved task): the runner then reports it as cut short (``max_turns``). An env with a turn limit
+    # of its own overrides it, as a property of its state or set where it sets ``done`` (and cleared
+    # in ``reset``); without one, an episode the env ended counts as finished by its rules
+    truncated: bool = False
 
     def __init__(self, **config: Any) -> None:
         self.config = config
@@ -114,6 +119,14 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def workflow(self, mode: str) -> Workflow:
         """The workflow of ``mode``: ``"sa"`` (one agent) or ``"mas"`` (several roles)."""
+
+    def position_value(self, role: str) -> float | None:
+        """``role``'s outcome reward if every role played perfectly from the current state (the
+        game-theoretic value, in the units of the env's own outcome rewards), or None: the env has
+        no such value (the default). A K-branch tree adds it to the role reward of each branch whose
+        reply leaves the game going, so that a move is credited with the outcome it allows on another
+        role's reply (``rollout.episode.branch_value``; a reply that ends the game has its own)."""
+        return None
 
     def snapshot(self) -> dict[str, Any]:
         """The whole current state as JSON-serialisable data, for episode logs and the episode

@@ -119,6 +119,10 @@ class ToolPlanEnv(Env):
         self.tool_code: str | None = None
         self.tool_output: str | None = None
 
+    @property
+    def truncated(self) -> bool:
+        return self.turn >= self.max_turns and not self.success
+
     def workflow(self, mode: str) -> Workflow:
         return workflow_for(mode, mas=("tool", "plan"), sa=("plan",), max_turns=self.max_turns)
 

@@ -10,6 +10,12 @@ branch of the node has been scored.
 With K = 1 this is a plain rollout: ``rollout_mode=independent`` runs K such episodes per
 problem (verl's ``rollout.n``) and groups their samples by (problem, turn, role).
 
+Games credit a move with what it allows on another role's reply (a line left open loses on the
+opponent's next move, whose step gets the win): with K = 1 the ending step's outcomes are added to
+each other role's last reply (``credit_final_rewards``); with K > 1, where the env knows the
+game-theoretic value of a position (``Env.position_value``), every branch whose reply leaves the
+game going gets that value added to its role reward (``branch_value``).
+
 A fault ends the episode, not the step: a prompt over the budget (truncated), an engine error or
 an environment that raises (errors) stop it where it happened; the samples of the nodes already
 played are kept and ``Episode.end_cause`` says why it ended.
@@ -38,6 +44,7 @@ Decode = Callable[[list[int]], str]
 # the K branches of a node call it at once, from K threads: it must be thread-safe
 RewardFn = Callable[..., float]
 ENV_LOCAL_REWARD = "env_local_reward"  # StepResult.info key: the env's own local reward, where a RewardFn replaced it
+POSITION_VALUE = "position_value"  # Sample.info key: the value a tree added to the reply's role reward (branch_value)
 
 
 @dataclass
@@ -51,7 +58,7 @@ class Sample:
     role: str
     node: str  # path of chosen branches from the root ("" at the root): identifies the state
     branch: int
-    local_reward: float
+    local_reward: float  # the role's reward for the reply, plus its branch_value in a tree
     global_reward: float
     reward: float  # alpha * global + local
     parse_ok: bool
@@ -139,8 +146,9 @@ async def run_episode(
     except _Ended as ended:
         episode.end_cause, episode.error = ended.cause, ended.error
         return episode
-    # out of turns: the loop's budget ran out, or the env ended on its own turn limit (not a loss, not a win)
-    episode.end_cause = "max_turns" if not env.success and (not env.done or episode.turns >= max_turns) else None
+    # out of turns: the loop's budget ran out (the env goes on), or the env ended on its own turn
+    # limit; an end by the env's rules (a win, a loss, a draw) is no truncation, whatever the turn
+    episode.end_cause = "max_turns" if not env.done or env.truncated else None
     episode.success = bool(env.success)
     episode.final_global_reward = float(env.global_reward)
     if k == 1:
@@ -156,7 +164,8 @@ def credit_final_rewards(samples: Sequence[Sample]) -> None:
     Only for plain episodes (K = 1, ``rollout_mode=independent``): in a tree, the other K - 1
     branches of that node were never played on, so crediting the chosen one alone would rank it
     below its siblings for an outcome they might have met too; crediting all K would shift the group
-    by a constant, which GRPO's normalisation removes."""
+    by a constant, which GRPO's normalisation removes. A tree credits each branch with the value of
+    the position its own reply left instead (``branch_value``)."""
     chosen = [s for s in samples if s.chosen and not s.placeholder]
     final = chosen[-1].info.get("final_rewards") if chosen else None
     for role, outcome in (final or {}).items():
@@ -164,6 +173,21 @@ def credit_final_rewards(samples: Sequence[Sample]) -> None:
         if last is not None and last is not chosen[-1]:  # the ending reply has its own outcome already
             last.local_reward += float(outcome)
             last.reward += float(outcome)
+
+
+def branch_value(env: Env, role: str, result: StepResult) -> float | None:
+    """What a K-branch tree adds to a branch's role reward: ``env.position_value(role)`` (``env``: the
+    branch after the reply), ``role``'s outcome reward under perfect play from there.
+
+    Scaled as the env's outcome rewards, with no factor: a reply that leaves the game going is
+    credited with the outcome it leads to, one that ends it with the outcome it reached (the env's
+    own reward, so None here: never counted twice). Within a node an immediate win, a move that
+    keeps a drawn game and a move that allows a loss on the opponent's reply thus rank as their
+    outcomes do, and the greedy continuation follows the same order. None also for a reply the env
+    ignored (it earns nothing) and for an env without values (its rewards are unchanged)."""
+    if env.done or IGNORED in result.info:
+        return None
+    return env.position_value(role)
 
 
 async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, generate, render, decode, snapshots, rewards) -> Env:
@@ -193,11 +217,14 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
             try:
                 clones = [env.clone() for _ in range(k)]
                 results = await _step_all(clones, role, [decode(ids) for ids, _ in replies], rewards.get(role))
+                # a plain episode credits the outcome it met instead (credit_final_rewards)
+                values = [branch_value(clone, role, result) for clone, result in zip(clones, results)] if k > 1 else [None] * k
             except Exception as error:
                 raise _Ended("env_error", error) from error
             node_samples = []
-            for branch, ((ids, log_probs), clone, result) in enumerate(zip(replies, clones, results)):
+            for branch, ((ids, log_probs), clone, result, value) in enumerate(zip(replies, clones, results, values)):
                 global_reward = float(clone.global_reward)
+                local_reward = float(result.local_reward) + (value or 0.0)
                 node_samples.append(
                     Sample(
                         prompt_ids=prompt_ids,
@@ -207,12 +234,12 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
                         role=role,
                         node=path,
                         branch=branch,
-                        local_reward=float(result.local_reward),
+                        local_reward=local_reward,
                         global_reward=global_reward,
-                        reward=alpha * global_reward + float(result.local_reward),
+                        reward=alpha * global_reward + local_reward,
                         parse_ok=bool(result.parse_ok),
                         sandbox_runs=dict(result.info.get(SANDBOX_RUNS, {})),
-                        info=result.info,
+                        info=result.info if value is None else {**result.info, POSITION_VALUE: value},
                         snapshot=clone.snapshot() if snapshots else None,
                     )
                 )

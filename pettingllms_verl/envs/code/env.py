@@ -93,7 +93,7 @@ class CodeEnv(Env):
         self.problem = task["problem"]
         self.ground_truth = tuple((str(t["input"]), str(t["output"])) for t in tests)
         self.solution: str | None = task.get("solution") or None
-        self.done = self.success = False
+        self.done = self.success = self.truncated = False
         self.turn = 0
         self.code: str | None = None  # the coder's latest program
         self.pass_rate = 0.0  # its ground-truth pass rate
@@ -146,7 +146,7 @@ class CodeEnv(Env):
         code = extract_code(text)
         self.turn += 1
         if code is None:
-            self.done = self.turn >= self.max_turns
+            self.done = self.truncated = self.turn >= self.max_turns
             return StepResult(PARSE_PENALTY, False, {})
         outcomes = run_tests(code, self.ground_truth + self.tests, self.test_limits)
         truth, own = outcomes[: len(self.ground_truth)], outcomes[len(self.ground_truth) :]
@@ -159,6 +159,8 @@ class CodeEnv(Env):
             if not o.passed
         )
         # MAS: done once the program passes the tester's tests; SA: the first program is final
-        self.done = (bool(self.tests) and not self.mismatches) or not self.tester_acted or self.turn >= self.max_turns
+        ended = (bool(self.tests) and not self.mismatches) or not self.tester_acted
+        self.truncated = not ended and self.turn >= self.max_turns
+        self.done = ended or self.truncated
         info = {"passed": sum(o.passed for o in truth), "tester_failed": len(self.mismatches), **sandbox_runs(o.status for o in outcomes)}
         return StepResult(self.pass_rate, True, info)

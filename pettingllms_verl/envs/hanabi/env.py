@@ -261,13 +261,17 @@ class HanabiEnv(Env):
             self.final_turns_left -= 1
         elif not self.deck:  # the last card was just drawn: everyone, the drawer included, gets one more turn
             self.final_turns_left = len(self.roles)
-        self.done = (
-            self.fuses == 0
-            or sum(self.fireworks.values()) == self.max_score
-            or self.final_turns_left == 0
-            or self.actions >= self.max_turns * len(self.roles)
-        )
+        self.done = self.game_over or self.actions >= self.max_turns * len(self.roles)
         self.success = self.score >= self.success_score
+
+    @property
+    def game_over(self) -> bool:
+        """Ended by the rules: the last fuse lost, every firework complete, or the final round played."""
+        return self.fuses == 0 or sum(self.fireworks.values()) == self.max_score or self.final_turns_left == 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.done and not self.game_over
 
     def _seat(self, role: Any) -> int:
         self.check_role(role)

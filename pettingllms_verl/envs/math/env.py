@@ -66,7 +66,7 @@ class MathEnv(Env):
         if not isinstance(task.get("problem"), str) or not isinstance(task.get("answer"), str):
             raise ValueError(f"math task needs string 'problem' and 'answer', got keys {sorted(task)}")
         self.problem, self.answer = task["problem"], task["answer"]
-        self.done = self.success = False
+        self.done = self.success = self.truncated = False
         self.turn = 0
         self.tool_code: str | None = None
         self.tool_output: str | None = None
@@ -125,5 +125,6 @@ class MathEnv(Env):
             agreed = self.tool_answer is not None and equivalent(self.tool_answer, answer)
             self.done = agreed or not self.tool_acted  # SA: the first readable answer is final
             result = StepResult(1.0 if self.success else 0.0, True, {"correct": self.success, "agreed": agreed})
-        self.done = self.done or self.turn >= self.max_turns
+        self.truncated = not self.done and self.turn >= self.max_turns
+        self.done = self.done or self.truncated
         return result

@@ -15,14 +15,17 @@ reply and no RNG state has to be copied.
 A reply that names no cell 0-8 (``parse_ok=False``) or names an occupied cell leaves the board
 unchanged, costs ``INVALID_PENALTY`` and forfeits the turn: the other player moves next, which keeps
 the workflow's fixed alternation valid. The episode ends on a win, a full board, or when the agent
-roles have used their turn budget ("unfinished": neither won nor drew).
+roles have used their turn budget ("unfinished": neither won nor drew; ``truncated``).
 
 Rewards. Outcome reward of a role: win ``WIN``, draw ``DRAW``, loss ``LOSS``, unfinished 0. A step's
 local reward = ``INVALID_PENALTY`` if the reply was invalid, plus the actor's outcome reward if the
 game ended during the step (in sa that includes the opponent's answer, so a move that lets the
 opponent win earns ``LOSS``). In mas the loser's ``LOSS`` lands on the winner's step; it is reported in
 ``info["final_rewards"]``, and in plain episodes (K = 1) the episode runner adds each other role's
-outcome to its last reply (``rollout.episode.credit_final_rewards``; not in a K-branch tree: see there).
+outcome to its last reply (``rollout.episode.credit_final_rewards``). In a K-branch tree each branch
+that leaves the game going gets ``position_value`` added instead: the mover's outcome reward under
+perfect play from there (the memoised minimax), so a move that lets the opponent win next is charged
+``LOSS`` and a block that saves the game earns ``DRAW`` (or ``WIN``).
 ``global_reward``: sa = the agent's outcome reward; mas = mean outcome reward of both roles (0.5 for
 a draw, 0 for a decisive or unfinished game: in self-play a decisive game means one side blundered).
 ``success`` ("draw counts as not-lost"): sa = ``x`` did not lose; mas = neither lost (a draw).
@@ -138,6 +141,22 @@ class TicTacToeEnv(Env):
 
     def outcome_reward(self, role: str) -> float:
         return {"win": WIN, "draw": DRAW, "loss": LOSS}.get(self.result(role), 0.0)
+
+    def position_value(self, role: str) -> float:
+        """``role``'s outcome reward under perfect play by both sides from here: ``WIN``, ``DRAW`` or
+        ``LOSS`` (``_negamax``; the turn budget is left out: legal moves fill the board within it), or
+        a finished game's own. In sa the opponent is taken as perfect: the minimax one is, the random
+        one is not."""
+        self.check_role(role)
+        if self.done:
+            return self.outcome_reward(role)
+        score = _negamax("".join(self.board), self.to_move)
+        score = score if self.to_move == role else -score
+        return WIN if score > 0 else LOSS if score < 0 else DRAW
+
+    @property
+    def truncated(self) -> bool:
+        return self.outcome == "unfinished"
 
     @property
     def global_reward(self) -> float:
