@@ -256,7 +256,7 @@ def _check_adapters(config: DictConfig, settings: Any, groups: dict[str, list[st
             "full-model policies: the adapters' reference is their base with adapters off, the full models "
             "would have none", "turn the KL terms off, or make every policy an adapter (or every one a full model)",
         )
-    modules = _module_names(_select(config, "actor_rollout_ref.model.path"))
+    modules = _modules(_select(config, "actor_rollout_ref.model.path"))
     table = settings.policy_table()
     for name in adapters:
         adapter, key = table[name].adapter, f"{SECTION}.policies.{name}.adapter"
@@ -265,11 +265,23 @@ def _check_adapters(config: DictConfig, settings: Any, groups: dict[str, list[st
             if clash is not None:
                 raise ConfigError(key, f"the adapter name {name!r} is part of the base model's module name {clash!r} "
                                   "(peft finds an adapter's tensors by its name)", "rename the policy")
-            missing = [t for t in adapter.target_modules if t != "all-linear" and not any(m == t or m.endswith(f".{t}") for m in modules)]
+            targets = [t for t in adapter.target_modules if t != "all-linear"]
+            adaptable = _lora_layer_types()
+            leaves = sorted({m.rsplit(".", 1)[-1] for m, module in modules.items() if "layers.0." in m and isinstance(module, adaptable)})
+            missing = [t for t in targets if not any(m == t or m.endswith(f".{t}") for m in modules)]
             if missing:
-                leaves = sorted({m.rsplit(".", 1)[-1] for m in modules if "layers.0." in m})
                 raise ConfigError(f"{key}.target_modules", f"the model has no module {missing[0]!r}",
                                   f"use module names of its layers, e.g. {leaves[:8]}, or [all-linear]")
+            # peft raises for a matched module of any other type, after Ray and the workers started
+            unfit = next(((t, m) for t in targets for m, module in modules.items()
+                          if (m == t or m.endswith(f".{t}")) and not isinstance(module, adaptable)), None)
+            if unfit is not None:
+                target, module = unfit
+                inside = sorted({m.rsplit(".", 1)[-1] for m, sub in modules.items()
+                                 if m.startswith(f"{module}.") and isinstance(sub, adaptable)})
+                raise ConfigError(f"{key}.target_modules", f"{target!r} names {module}, a {type(modules[module]).__name__}: peft "
+                                  "adapts linear, embedding, convolution and multi-head attention layers only",
+                                  f"name the layers inside it, {inside}" if inside else f"use e.g. {leaves[:8]}, or [all-linear]")
         if adapter.path is not None:
             _check_adapter_path(f"{key}.path", adapter.path, adapter.rank)
 
@@ -290,9 +302,19 @@ def _check_adapter_path(key: str, path: str, rank: int) -> None:
         raise ConfigError(key.rsplit(".", 1)[0] + ".rank", f"{rank}, but the adapter at {path} has rank {config.r}", f"set it to {config.r}")
 
 
-def _module_names(model_path: Any) -> list[str] | None:
-    """The base model's module names, from its config on the meta device (no weights read); None
-    where the config cannot be read here."""
+def _lora_layer_types() -> tuple[type, ...]:
+    """The module types peft's LoRA adapts (peft 0.21 ``lora.layer.dispatch_default``). A quantized
+    checkpoint's layers, built here from its config, are these types too (peft adapts their
+    quantized forms)."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
+
+
+def _modules(model_path: Any) -> dict[str, Any] | None:
+    """The base model's modules by name, from its config on the meta device (no weights read);
+    None where the config cannot be read here."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -302,7 +324,7 @@ def _module_names(model_path: Any) -> list[str] | None:
         return None
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
-    return [name for name, _ in model.named_modules() if name]
+    return {name: module for name, module in model.named_modules() if name}
 
 
 MAS_MANAGER = "pettingllms_verl.rollout.worker.MASAgentLoopManager"

@@ -236,6 +236,13 @@ def test_two_adapters_pass(tmp_path, plan_path_rows, tiny_model_dir):
          "pettingllms.policies.plan_adapter.adapter", "cannot have overrides.model"),
         ({"pettingllms.policies.plan_adapter.adapter.target_modules": "[q_proj,qq_proj]"},
          "pettingllms.policies.plan_adapter.adapter.target_modules", "the model has no module 'qq_proj'"),
+        ({"pettingllms.policies.plan_adapter.adapter.target_modules": "[q_proj,mlp]"},
+         "pettingllms.policies.plan_adapter.adapter.target_modules",
+         "'mlp' names model.layers.0.mlp, a Qwen2MLP: peft adapts linear, embedding, convolution and multi-head "
+         "attention layers only\n  fix: name the layers inside it, ['down_proj', 'gate_proj', 'up_proj']"),
+        ({"pettingllms.policies.plan_adapter.adapter.target_modules": "[input_layernorm]"},
+         "pettingllms.policies.plan_adapter.adapter.target_modules",
+         "'input_layernorm' names model.layers.0.input_layernorm, a Qwen2RMSNorm"),
         ({"pettingllms.policies.tool_adapter.adapter.path": "/nonexistent/adapter"},
          "pettingllms.policies.tool_adapter.adapter.path", "does not load as a peft adapter"),
         ({"actor_rollout_ref.rollout.name": "vllm"}, "actor_rollout_ref.rollout.name", "serves one LoRA adapter"),

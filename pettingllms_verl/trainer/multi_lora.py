@@ -48,6 +48,49 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu()
 
 
+def _adapter_of(param_name: str) -> str | None:
+    """The adapter a parameter belongs to: the name after peft's adapter-holding dict
+    (``...q_proj.lora_A.<name>.weight``, ``...embed_tokens.lora_embedding_A.<name>``, DoRA's
+    ``...lora_magnitude_vector.<name>.weight``); None for the base. peft's ``modules_to_save`` and
+    trainable tokens (per-adapter copies of base tensors) belong to none, so ``_check_groups``
+    refuses them: verl's base sync would send those copies to the rollout as base tensors."""
+    parts = param_name.split(".")
+    return next((adapter for holder, adapter in zip(parts, parts[1:]) if holder.startswith("lora_")), None)
+
+
+def _check_groups(module, groups: dict[str, list[torch.nn.Parameter]]) -> None:
+    """Raise, naming the parameter, unless every tensor peft holds for an adapter is in that
+    adapter's optimizer group and no other, and every parameter that requires grad is in a group.
+    At start-up only the first adapter requires grad (``set_adapter``): the requires-grad test
+    alone would miss the others' tensors, so they are found as peft's layers hold them."""
+    from operator import attrgetter
+
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    owner = {}  # id(param) -> the adapter peft holds it for
+    for layer in module.modules():
+        if isinstance(layer, (BaseTunerLayer, AuxiliaryTrainingWrapper)):
+            for holder in layer.adapter_layer_names:  # e.g. lora_A, lora_embedding_B, modules_to_save
+                for adapter, held in attrgetter(holder)(layer).items():
+                    for param in [held] if isinstance(held, torch.nn.Parameter) else held.parameters():
+                        owner[id(param)] = adapter
+    in_groups: dict[int, list[str]] = {}
+    for adapter, params in groups.items():
+        for param in params:
+            in_groups.setdefault(id(param), []).append(adapter)
+    for name, param in module.named_parameters():
+        adapter, found = owner.get(id(param)), in_groups.get(id(param), [])
+        misplaced = found != [adapter] if adapter is not None else bool(found) or param.requires_grad
+        if misplaced:
+            owned = f"adapter {adapter}" if adapter is not None else "the base"
+            raise ValueError(
+                f"{name}: a tensor of {owned} (requires_grad={param.requires_grad}) in the optimizer groups {found}: each adapter "
+                "tensor must be in its own adapter's group only, and nothing else may train (an adapter trains "
+                "its LoRA tensors, not peft's modules_to_save or trainable tokens)"
+            )
+
+
 class MultiLoRAFSDPEngine(SharedPrefixFSDPEngine):
     """verl's FSDP engine with one named LoRA adapter per policy (see the module docstring); the
     adapters share the base's shared-prefix forward (``trainer/shared_prefix.py``)."""
@@ -83,9 +126,9 @@ class MultiLoRAFSDPEngine(SharedPrefixFSDPEngine):
                     raise ValueError(f"adapter {name}: {spec['path']} holds tensors this model has no place for, e.g. {result.unexpected_keys[:2]}")
         # FSDP2 wants one dtype per parameter group: every adapter in the base dtype, not only the
         # active (trainable) one as verl casts
-        base_dtype = next(p.dtype for n, p in peft_model.named_parameters() if "lora_" not in n)
+        base_dtype = next(p.dtype for n, p in peft_model.named_parameters() if _adapter_of(n) is None)
         for name, param in peft_model.named_parameters():
-            if "lora_" in name and param.dtype != base_dtype:
+            if _adapter_of(name) is not None and param.dtype != base_dtype:
                 param.data = param.data.to(base_dtype)
         self.adapter_steps = {name: 0 for name in table}
         peft_model.set_adapter(next(iter(table)))
@@ -93,7 +136,7 @@ class MultiLoRAFSDPEngine(SharedPrefixFSDPEngine):
         return peft_model
 
     def _adapter_params(self, module, name: str) -> list[torch.nn.Parameter]:
-        return [p for n, p in module.named_parameters() if "lora_" in n and f".{name}." in n]
+        return [p for n, p in module.named_parameters() if _adapter_of(n) == name]
 
     def _build_optimizer(self, module):
         from verl.workers.config.optimizer import build_optimizer
@@ -102,6 +145,7 @@ class MultiLoRAFSDPEngine(SharedPrefixFSDPEngine):
         for group in groups:
             if not group["params"]:
                 raise ValueError(f"adapter {group['adapter']}: no parameters found (its target_modules match no module?)")
+        _check_groups(module, {group["adapter"]: group["params"] for group in groups})
         return build_optimizer(groups, self.optimizer_config)
 
     def _build_lr_scheduler(self, optimizer):
