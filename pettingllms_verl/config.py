@@ -43,6 +43,8 @@ ADAPTERS_KEY = "pettingllms_adapters"
 # the checkpoint layout of the mas_sync trainer (read by the evaluation)
 POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per worker group
 VAL_METRICS = "val_metrics.json"  # global_step_N/val_metrics.json: the validation of that step's weights
+# a training row's field (and tag): the temperature its reply was sampled at, which its log-probs use
+ROW_TEMPERATURE = "mas_temperature"
 
 
 class SettingsError(ValueError):
@@ -159,9 +161,15 @@ class PettingLLMsConfig:
 
     def sampling_overrides(self, role: str, validate: bool) -> dict[str, Any]:
         """The role's overrides of verl's sampling params: in validation, val_kwargs keep the
-        sampling distribution (greedy validation stays greedy) unless ``val_sampling`` says otherwise."""
+        sampling distribution (greedy validation stays greedy) unless ``val_sampling`` says otherwise.
+        In training a role samples at its own ``sampling.temperature``, else at its policy's
+        ``overrides.rollout.temperature`` (the temperature that policy's group trains at), else at
+        the rollout's; every reply is trained at the temperature it was sampled at (``mas_temperature``)."""
         config = self.role(role)
         overrides = config.sampling.params()
+        policy_temperature = OmegaConf.select(OmegaConf.create(self.policy_table()[self.policy_of(role)].overrides), "rollout.temperature")
+        if policy_temperature is not None:
+            overrides.setdefault("temperature", float(policy_temperature))
         if validate:
             overrides = {key: value for key, value in overrides.items() if key not in DISTRIBUTION_KEYS}
             overrides.update(config.val_sampling.params())

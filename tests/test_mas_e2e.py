@@ -63,6 +63,7 @@ def test_mas_recipe_runs_three_steps_with_mas_and_at_grpo_metrics(mas_run):
             assert key in data, key
         assert data["at_grpo/mean_group_size"] == K
         assert data["training/rollout_probs_diff_mean"] < 1e-5  # fp32 actor and rollout
+        assert data["actor/mini_batch_real_frac_min"] >= 0.5  # verl's padding spread over the optimizer steps
     # the validation pass: episode success on the test split (the reward of a validation row)
     assert 0.0 <= metrics[-1]["data"]["val-core/plan_path/reward/mean@1"] <= 1.0
 
@@ -133,13 +134,15 @@ def test_two_data_parallel_ranks_get_whole_groups_and_keep_sharing_their_prompts
     group's prompt still runs once in the update. With verl's row balancing the same run computed
     47-52 % of the plain tokens (a group's rows on both ranks); with whole groups 29 %, as at DP = 1.
     The run has a KL loss, so its reference model (FSDP2-offloaded, sharded over the two ranks) runs
-    on CPU: the KL is 0 before the first update (the reference is the initial policy) and not after."""
+    on CPU: the KL is 0 before the first update (the reference is the initial policy) and not after.
+    The plan role samples at temperature 2.0, the rollout at 1.0: its rows are still trained at the
+    temperature they were sampled at (off-policy, the rollout/actor gap was 0.076 instead of < 1e-5)."""
     metrics_path = artifacts / "dp2.jsonl"
     result = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "plan_path_mas_atgrpo_cpu",
          "trainer.n_gpus_per_node=2", "data.train_batch_size=4", "+pettingllms.trainer.mini_batches_per_step=1",
          "trainer.total_training_steps=2", "trainer.save_freq=-1", f"trainer.default_local_dir={artifacts / 'dp2_checkpoints'}",
-         "actor_rollout_ref.actor.use_kl_loss=true"],
+         "actor_rollout_ref.actor.use_kl_loss=true", "++pettingllms.roles.plan.sampling.temperature=2.0"],
         capture_output=True, text=True, timeout=1200, cwd=artifacts,
         env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)},
     )
@@ -149,6 +152,7 @@ def test_two_data_parallel_ranks_get_whole_groups_and_keep_sharing_their_prompts
     for data in metrics:
         assert data["actor/shared_prefix/token_frac"] < 0.4  # one step optimises on all rows: K-row groups share
         assert data["global_seqlen/minmax_diff"] < 0.1 * data["global_seqlen/mean"]  # and the ranks stay balanced
+        assert data["training/rollout_probs_diff_mean"] < 1e-5  # each row scored at its sampling temperature
     assert abs(metrics[0]["actor/kl_loss"]) < 1e-6 < metrics[1]["actor/kl_loss"]  # one optimizer step per training step
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from pettingllms_verl import envs
-from pettingllms_verl.config import PettingLLMsConfig, load
+from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
 from pettingllms_verl.rollout.episode import Episode, PromptTooLong, Sample, episode_return, run_episode
@@ -125,12 +125,14 @@ class EpisodeAgentLoop(AgentLoopBase):
         learning = [role for role, policy in policies.items() if table[policy].trainable] or list(policies)
         known = [v for role in learning for v in weight_versions[role] if v is not None]
         versions = {"min_global_steps": min(known, default=None), "max_global_steps": max(known, default=None)}
-        # per role, what the servers that answered it reported: their policy and weight version
+        # per role, what the servers that answered it reported (their policy and weight version), and
+        # the temperature its replies were sampled at: the trainer's log-probs of its rows use it
         routing = {
             role: {
                 "mas_policy": policy,
                 "mas_served_by": sorted(map(str, served_by[role])),
                 "mas_weight_versions": sorted(v for v in weight_versions[role] if v is not None),
+                ROW_TEMPERATURE: float(self._sampling(sampling_params, role, validate).get("temperature", 1.0)),
             }
             for role, policy in policies.items()
         }

@@ -32,6 +32,7 @@ import ray
 import torch
 import transfer_queue as tq
 from omegaconf import open_dict
+from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.checkpoint_engine import CheckpointEngineManager
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, create_colocated_worker_cls
@@ -47,7 +48,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.llm_server import LLMServerManager
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
-from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, SECTION, VAL_METRICS, load, policy_config
+from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, ROW_TEMPERATURE, SECTION, VAL_METRICS, load, policy_config
 from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
@@ -113,6 +114,42 @@ def check_groups_within_policies(index, policies: list[str]) -> None:
     for group, policy in zip(index, policies):
         if seen.setdefault(group, policy) != policy:
             raise AssertionError(f"advantage group {group!r} spans policies {seen[group]!r} and {policy!r}")
+
+
+def spread_padding(is_padding: list[bool], ranks: int, mini_batches: int) -> tuple[list[int], float]:
+    """A row order that spreads padding rows evenly over the optimizer steps of an update.
+
+    verl hands data-parallel rank r the r-th contiguous chunk of the batch and cuts each chunk into
+    ``mini_batches`` consecutive mini-batches (one optimizer step each, over every rank's j-th
+    piece). Its padding rows sit at the end, so the last step could hold one real row. Here each
+    chunk keeps its real rows in order and deals its padding rows round-robin over its
+    mini-batches (rows stay on their rank: the balancing over ranks is kept).
+
+    Args:
+        is_padding: (bs,) whether each row is padding, in the batch's order; bs divisible by
+            ``ranks * mini_batches``.
+
+    Returns:
+        the new order (indices into the batch, (bs,)) and the smallest real-row share of any
+        optimizer step (over all ranks' pieces of it) in that order.
+    """
+    size = len(is_padding)
+    if size % (ranks * mini_batches):
+        raise ValueError(f"{size} rows do not split into {ranks} ranks x {mini_batches} mini-batches")
+    chunk, piece = size // ranks, size // ranks // mini_batches
+    order, real_per_step = [], [0] * mini_batches
+    for start in range(0, size, chunk):
+        rows = range(start, start + chunk)
+        real = [i for i in rows if not is_padding[i]]
+        pads = [i for i in rows if is_padding[i]]
+        # pads per mini-batch as even as they go; real rows fill the rest, in order
+        quota = [len(pads) // mini_batches + (j < len(pads) % mini_batches) for j in range(mini_batches)]
+        for j in range(mini_batches):
+            take = piece - quota[j]
+            order += real[:take] + pads[: quota[j]]
+            real, pads = real[take:], pads[quota[j]:]
+            real_per_step[j] += take
+    return order, min(real_per_step) / (piece * ranks)
 
 
 @register_trainer(TRAINER_MODE)
@@ -260,6 +297,7 @@ class MASTrainer(PPOTrainerSync):
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             for name, part in parts.items():
                 with self._serving(self._group_of(name)):
+                    self._put_row_temperatures(part)
                     part.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
                     part = self._balance_batch(part, metrics=per_policy[name])  # pads with this policy's rows only
                     self._name_adapter(part, name)
@@ -283,6 +321,16 @@ class MASTrainer(PPOTrainerSync):
                             self._update_actor(part, metrics=per_policy[name])
         self._merge_policy_metrics(metrics, per_policy)
         return batch
+
+    def _put_row_temperatures(self, part: KVBatchMeta) -> None:
+        """Each row's sampling temperature (its ``ROW_TEMPERATURE`` tag) as a field of the batch: the
+        engine computes old log-probs, the reference and the update of a row at it, so a role
+        sampled at its own temperature stays on-policy (verl's scalar is the policy group's
+        ``rollout.temperature``). Before padding: verl's padding rows copy the first row's fields."""
+        tags = tq.kv_batch_get(keys=part.keys, partition_id=part.partition_id, select_fields=["extra_fields"])["extra_fields"]
+        default = float(self.config.actor_rollout_ref.rollout.temperature)
+        values = torch.tensor([float(tag.get(ROW_TEMPERATURE, default)) for tag in tags], dtype=torch.float32)
+        tq.kv_batch_put(keys=part.keys, partition_id=part.partition_id, fields=TensorDict({ROW_TEMPERATURE: values}, batch_size=len(values)))
 
     def _balance_batch(self, batch: KVBatchMeta, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         """verl's padding and balancing over data-parallel ranks; with the shared-prefix forward on,
@@ -360,15 +408,23 @@ class MASTrainer(PPOTrainerSync):
         return math.lcm(dp_size, self.config.actor_rollout_ref.rollout.n) * k
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """verl's update; with ``trainer.mini_batches_per_step`` = K the policy's rows (padded to a multiple
-        of K) are split into exactly K mini-batches, whatever the episodes' lengths."""
+        """verl's update, with the padding rows spread over its optimizer steps (``spread_padding``;
+        ``actor/mini_batch_real_frac_min``: the smallest real-row share of a step); with
+        ``trainer.mini_batches_per_step`` = K the policy's rows (padded to a multiple of K) are split
+        into exactly K mini-batches, whatever the episodes' lengths."""
+        actor = self.config.actor_rollout_ref.actor
+        n = self.config.actor_rollout_ref.rollout.n
         k = self.settings.trainer.mini_batches_per_step
+        mini_batches = k if k is not None else len(batch) // (actor.ppo_mini_batch_size * n)
+        order, metrics["actor/mini_batch_real_frac_min"] = spread_padding(
+            [bool(tag.get("is_padding", False)) for tag in batch.tags], self._dp_size(), mini_batches
+        )
+        batch.reorder(order)
         if k is None:
             return super()._update_actor(batch, metrics)
-        actor = self.config.actor_rollout_ref.actor
         configured = actor.ppo_mini_batch_size
         with open_dict(actor):
-            actor.ppo_mini_batch_size = len(batch) // k // self.config.actor_rollout_ref.rollout.n
+            actor.ppo_mini_batch_size = len(batch) // k // n
         try:
             return super()._update_actor(batch, metrics)
         finally:

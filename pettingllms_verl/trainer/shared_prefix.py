@@ -44,6 +44,8 @@ from verl.workers.engine import FSDPEngineWithLMHead
 from verl.workers.engine.fsdp import transformer_impl
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
+from pettingllms_verl.config import ROW_TEMPERATURE
+
 logger = logging.getLogger(__name__)
 
 SWITCH = "actor_rollout_ref.actor.use_prefix_grouper"
@@ -294,6 +296,11 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         return output
 
     def prepare_model_inputs(self, micro_batch: TensorDict):
+        if ROW_TEMPERATURE in micro_batch.keys():
+            # each row at the temperature it was sampled at: verl's engine takes a (bsz,) temperature
+            micro_batch = micro_batch.copy()
+            del micro_batch["temperature"]
+            micro_batch["temperature"] = micro_batch[ROW_TEMPERATURE]
         if not getattr(self, "_shared_now", False):
             return super().prepare_model_inputs(micro_batch)
         input_ids = micro_batch["input_ids"]
