@@ -340,6 +340,20 @@ def test_adapter_updates_must_be_whole_and_requests_must_name_a_loaded_adapter(e
         engine.generate([chat_ids("x")], [SamplingSpec(max_tokens=2)], adapters=["judge"])
 
 
+def test_an_embedding_adapter_update_must_be_whole_too(engine, tiny_model_dir):
+    """peft names embedding LoRA tensors ``...embed_tokens.lora_embedding_A.<name>`` (no trailing
+    dot): they count as the adapter's, so an update without one of them is refused."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    lora = {**LORA, "target_modules": ["embed_tokens", "q_proj"]}
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tensors = get_peft_model_state_dict(get_peft_model(base, LoraConfig(**lora), adapter_name="coder"), adapter_name="coder",
+                                        save_embedding_layers=False)
+    partial = {key: t for key, t in tensors.items() if "lora_embedding_B" not in key}
+    assert len(partial) == len(tensors) - 1
+    with pytest.raises(KeyError, match="adapter 'coder': the update leaves 1 tensors stale"):
+        engine.load_adapter("coder", partial, lora)
+
 def test_base_weight_updates_still_apply_under_adapters(engine, adapters, updated_actor, chat_ids):
     _, tensors = adapters
     engine = with_adapters(engine, tensors)

@@ -1,6 +1,7 @@
 """Each LoRA adapter's optimizer group holds exactly the tensors peft holds for it (embedding LoRA
 and DoRA included), and the start-up check names any tensor that would train outside its group.
-The engine's adapter and optimizer methods run on the peft model alone: no process group, no FSDP."""
+The engine's adapter and optimizer methods run on the peft model alone (no process group, no FSDP),
+but for the embedding and LM-head adapters' run in verl's FSDP2 engine."""
 
 from __future__ import annotations
 
@@ -82,3 +83,38 @@ def test_the_start_up_check_names_a_tensor_outside_its_adapters_group(tiny_model
     with pytest.raises(ValueError) as error:
         engine._build_optimizer(model)
     assert message in str(error.value), str(error.value)
+
+
+def test_embedding_and_lm_head_adapters_train_in_verls_fsdp2_engine(tiny_model_dir):
+    """The tiny model's embeddings are untied, so verl's FSDP2 would wrap the peft-adapted
+    ``embed_tokens`` and ``lm_head`` on their own (and fail); they stay in the root unit, and two
+    optimizer steps change every tensor of the active adapter there and none of the other's."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from pettingllms_verl.config import AdapterConfig
+    from pettingllms_verl.trainer.local_engine import local_engine, no_padding_batch
+
+    spec = {**AdapterConfig(rank=4, alpha=8, target_modules=["embed_tokens", "q_proj", "lm_head"]).lora_config(),
+            "path": None, "trainable": True}
+    engine = local_engine(tiny_model_dir, engine_cls=MultiLoRAFSDPEngine, lr=1e-3, adapters={name: dict(spec) for name in ADAPTERS})
+    units = [name for name, module in engine.module.named_modules() if isinstance(module, FSDPModule)]
+    assert units == ["", "base_model.model.model.layers.0", "base_model.model.model.layers.1"]
+    named = dict(engine.module.named_parameters())
+    outer = [n for n in named if ".embed_tokens.lora_" in n or ".lm_head.lora_" in n]
+    assert len(outer) == 4 * len(ADAPTERS), outer
+    before = {n: named[n].full_tensor().detach().clone() for n in outer}
+
+    def loss(model_output, data, dp_group=None):
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        return -(no_padding_2_padding(model_output["log_probs"], data) * data["response_mask"]).sum(), {}
+
+    batch = no_padding_batch([[5, 6, 7, 8], [9, 10, 11]], [[12, 13], [14, 15, 16]], micro_batch_size_per_gpu=2)
+    for _ in range(2):  # lora_embedding_A starts at zero: lora_embedding_B gets a gradient from the second step
+        engine.optimizer_zero_grad()
+        engine.forward_backward_batch(batch, loss_function=loss, forward_only=False)
+        engine.optimizer_step()
+    changed = {n for n, value in before.items() if not torch.equal(named[n].full_tensor(), value)}
+    assert changed == {n for n in outer if ".coder" in n}
+    # the adapter alone goes to the rollout and the export, without the base embedding and LM head
+    assert [key for key in engine.adapter_state("coder") if "base_layer" in key] == []

@@ -32,6 +32,7 @@ from verl.utils.fsdp_utils import collect_lora_params, replace_lora_wrapper
 from verl.utils.model import convert_weight_keys
 
 from pettingllms_verl.config import adapter_table
+from pettingllms_verl.lora_names import adapter_of
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, SharedPrefixFSDPEngine, SharedPrefixTrainingWorker
 
 ADAPTER_KEY = "pettingllms_adapter"  # extra_info of a batch of the adapter group: the adapter its rows train/score
@@ -46,16 +47,6 @@ def _adapter_lr(schedule, steps: dict[str, int], name: str, _scheduler_epoch: in
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu()
-
-
-def _adapter_of(param_name: str) -> str | None:
-    """The adapter a parameter belongs to: the name after peft's adapter-holding dict
-    (``...q_proj.lora_A.<name>.weight``, ``...embed_tokens.lora_embedding_A.<name>``, DoRA's
-    ``...lora_magnitude_vector.<name>.weight``); None for the base. peft's ``modules_to_save`` and
-    trainable tokens (per-adapter copies of base tensors) belong to none, so ``_check_groups``
-    refuses them: verl's base sync would send those copies to the rollout as base tensors."""
-    parts = param_name.split(".")
-    return next((adapter for holder, adapter in zip(parts, parts[1:]) if holder.startswith("lora_")), None)
 
 
 def _check_groups(module, groups: dict[str, list[torch.nn.Parameter]]) -> None:
@@ -126,17 +117,37 @@ class MultiLoRAFSDPEngine(SharedPrefixFSDPEngine):
                     raise ValueError(f"adapter {name}: {spec['path']} holds tensors this model has no place for, e.g. {result.unexpected_keys[:2]}")
         # FSDP2 wants one dtype per parameter group: every adapter in the base dtype, not only the
         # active (trainable) one as verl casts
-        base_dtype = next(p.dtype for n, p in peft_model.named_parameters() if _adapter_of(n) is None)
+        base_dtype = next(p.dtype for n, p in peft_model.named_parameters() if adapter_of(n) is None)
         for name, param in peft_model.named_parameters():
-            if _adapter_of(name) is not None and param.dtype != base_dtype:
+            if adapter_of(name) is not None and param.dtype != base_dtype:
                 param.data = param.data.to(base_dtype)
         self.adapter_steps = {name: 0 for name in table}
         peft_model.set_adapter(next(iter(table)))
         self.active_adapter = next(iter(table))
         return peft_model
 
+    def _build_fsdp_module(self, module):
+        """verl's, but a peft-adapted embedding or LM head stays in the root FSDP unit. With untied
+        embeddings verl's FSDP2 wraps ``embed_tokens`` and ``lm_head`` on their own: on a peft layer
+        its ABC workaround fails the class swap ("object layout differs"), and it would also wrap
+        the layer's ``base_layer`` inside it."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+        from verl.utils import fsdp_utils
+
+        select = fsdp_utils._select_fsdp2_wrap_targets
+
+        def targets(model, layer_classes):
+            inside = {id(sub) for layer in model.modules() if isinstance(layer, BaseTunerLayer) for sub in layer.modules()}
+            return [m for m in select(model, layer_classes) if id(m) not in inside]
+
+        fsdp_utils._select_fsdp2_wrap_targets = targets  # read by apply_fsdp2; verl has no hook for it
+        try:
+            return super()._build_fsdp_module(module)
+        finally:
+            fsdp_utils._select_fsdp2_wrap_targets = select
+
     def _adapter_params(self, module, name: str) -> list[torch.nn.Parameter]:
-        return [p for n, p in module.named_parameters() if _adapter_of(n) == name]
+        return [p for n, p in module.named_parameters() if adapter_of(n) == name]
 
     def _build_optimizer(self, module):
         from verl.workers.config.optimizer import build_optimizer
@@ -176,7 +187,9 @@ class MultiLoRAFSDPEngine(SharedPrefixFSDPEngine):
         every rank must call it."""
         from peft import get_peft_model_state_dict
 
-        state = get_peft_model_state_dict(self.peft_model, adapter_name=name)
+        # the LoRA tensors only: peft would add the (frozen, shared) base embedding and LM head
+        # when they are targets, and the rollout would take them for adapter tensors
+        state = get_peft_model_state_dict(self.peft_model, adapter_name=name, save_embedding_layers=False)
         return {key: _full(value) for key, value in state.items()}
 
     def adapter_config(self, name: str) -> dict[str, Any]:

@@ -31,6 +31,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from transformers import Cache, PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
+from pettingllms_verl.lora_names import adapter_of
+
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 MIN_SHARED_PREFIX = 16  # tokens: a shorter common prefix is not worth a forward of its own
 
@@ -372,7 +374,7 @@ class HFGenerationEngine:
     def _base_state(self) -> dict[str, torch.Tensor]:
         """The base model's tensors under their transformers names (peft renames wrapped layers'
         weights to ``<layer>.base_layer.weight``; adapter tensors are left out)."""
-        return {_base_name(name): t for name, t in self.base_model.state_dict().items() if "lora_" not in name}
+        return {_base_name(name): t for name, t in self.base_model.state_dict().items() if adapter_of(name) is None}
 
     def load_adapter(self, name: str, named_tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> int:
         """Add LoRA adapter ``name`` (peft ``LoraConfig`` fields in ``config``) or refresh its weights.
@@ -385,7 +387,7 @@ class HFGenerationEngine:
                 self.model = get_peft_model(self.model, LoraConfig(**config), adapter_name=name)
             elif name not in self.model.peft_config:
                 self.model.add_adapter(name, LoraConfig(**config))
-            own = {key for key in self.model.state_dict() if "lora_" in key and f".{name}." in key}
+            own = {key for key in self.model.state_dict() if adapter_of(key) == name}
             result = set_peft_model_state_dict(self.model, dict(named_tensors), adapter_name=name)
             if result.unexpected_keys:
                 raise KeyError(f"hf rollout: adapter {name!r}: unknown tensors, e.g. {sorted(result.unexpected_keys)[:3]}")
