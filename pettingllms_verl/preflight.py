@@ -336,6 +336,30 @@ def _vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+# verl's estimators the mas_sync trainer runs on per-turn team rows (docs/training.md says what each does)
+TEAM_ESTIMATORS = ("at_grpo", "grpo", "rloo", "reinforce_plus_plus")
+
+
+def _check_team_estimator(config: DictConfig) -> None:
+    """An estimator the mas_sync trainer cannot train with, refused with the reason."""
+    estimator = _select(config, "algorithm.adv_estimator")
+    key = "algorithm.adv_estimator"
+    if estimator == "gae" or _select(config, "critic.enable"):
+        raise ConfigError(
+            "critic.enable" if estimator != "gae" else key, "a critic with the mas_sync trainer: it builds no value model "
+            "per policy, and a team row's value would have to be learnt per role and turn", f"use one of {TEAM_ESTIMATORS}",
+        )
+    if estimator not in TEAM_ESTIMATORS:
+        raise ConfigError(key, f"{estimator!r} with the mas_sync trainer: it has not been run on per-turn team rows "
+                          "(some need fields or generations these rows do not have)", f"use one of {TEAM_ESTIMATORS}")
+    if estimator != "at_grpo" and _select(config, "pettingllms.rollout_mode") in (None, "tree"):
+        raise ConfigError(
+            key, f"{estimator!r} with tree sampling: a tree is one episode per problem, so every row would get the same "
+            "return and the K branches of a node would not be told apart (only at_grpo groups by node)",
+            "set pettingllms.rollout_mode=independent with actor_rollout_ref.rollout.n > 1, or use at_grpo",
+        )
+
+
 def _check_agreement(config: DictConfig) -> None:
     """Settings that each look fine but disagree with another one (silently wrong training)."""
     mas = _select(config, "trainer.v1.trainer_mode") == "mas_sync"
@@ -352,6 +376,7 @@ def _check_agreement(config: DictConfig) -> None:
                 "the multi-agent manager (validation episodes are told apart from training ones there)",
                 f"set it to {MAS_MANAGER}",
             )
+        _check_team_estimator(config)
         n = int(_select(config, "actor_rollout_ref.rollout.n") or 1)
         if _select(config, "pettingllms.rollout_mode") in (None, "tree") and n > 1:
             raise ConfigError(

@@ -291,6 +291,12 @@ def mas_config(tmp_path, **overrides):
          "actor_rollout_ref.rollout.agent.agent_loop_manager_class", "needs the multi-agent manager"),
         ({"actor_rollout_ref.rollout.n": 4}, "actor_rollout_ref.rollout.n", "splitting identical root prompts"),
         ({"reward.reward_model.enable": "true"}, "reward.reward_model.enable", "overwrite the environments"),
+        ({"algorithm.adv_estimator": "gae"}, "algorithm.adv_estimator", "builds no value model per policy"),
+        ({"algorithm.adv_estimator": "grpo", "pettingllms.rollout_mode": "independent", "actor_rollout_ref.rollout.n": 4,
+          "critic.enable": "true"}, "critic.enable", "builds no value model per policy"),
+        ({"algorithm.adv_estimator": "remax"}, "algorithm.adv_estimator", "has not been run on per-turn team rows"),
+        ({"algorithm.adv_estimator": "grpo"}, "algorithm.adv_estimator", "every row would get the same return"),
+        ({"algorithm.adv_estimator": "reinforce_plus_plus"}, "algorithm.adv_estimator", "only at_grpo groups by node"),
     ],
 )
 def test_settings_that_disagree_are_refused(tmp_path, overrides, key, problem):
@@ -300,9 +306,10 @@ def test_settings_that_disagree_are_refused(tmp_path, overrides, key, problem):
     assert error.value.key == key and problem in str(error.value), str(error.value)
 
 
-def test_independent_episodes_may_use_rollout_n(tmp_path):
+@pytest.mark.parametrize("estimator", ["at_grpo", "grpo", "rloo", "reinforce_plus_plus"])
+def test_independent_episodes_may_use_rollout_n(tmp_path, estimator):
     check(mas_config(tmp_path, **{"actor_rollout_ref.rollout.n": 4, "pettingllms.rollout_mode": "independent",
-                                  "algorithm.adv_estimator": "grpo"}))
+                                  "algorithm.adv_estimator": estimator}))
 
 
 @pytest.mark.parametrize("rollout", ["vllm", "vllm_multilora"])

@@ -1,0 +1,53 @@
+"""verl's other estimators on per-turn team rows, through `python -m verl.trainer.main_ppo` on CPU:
+one shared policy (L0), Plan-Path MAS, independent episodes (rollout.n = 4), one step each. Every
+row of an episode (each turn of each role) carries the episode's return and is trained with the
+estimator's advantage of it (docs/training.md); gae needs a critic and is refused before Ray
+(tests/test_preflight.py)."""
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from test_mas_e2e import run_recipe
+
+pytestmark = pytest.mark.slow
+N = 4
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory, warm_model):
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+
+    root = tmp_path_factory.mktemp("estimators")
+    warm_model("plan_path", root / "tiny_model_plan_path")
+    for split, rows in generate_splits("plan_path", {"train": 8, "val": 2}, {"size": 6}).items():
+        write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
+    return root
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus"])
+def test_an_estimator_trains_the_team_rows_of_each_episode_on_its_return(artifacts, estimator):
+    dump = artifacts / f"{estimator}_batches"
+    metrics = run_recipe(
+        artifacts, "plan_path_mas_atgrpo_cpu", f"algorithm.adv_estimator={estimator}", "pettingllms.rollout_mode=independent",
+        f"actor_rollout_ref.rollout.n={N}", f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={2 * N}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={2 * N}", "trainer.total_training_steps=1",
+        "trainer.save_freq=-1", f"trainer.default_local_dir={artifacts / estimator}", f"pettingllms.paths.batch_dump_dir={dump}",
+    )
+    (step,) = metrics
+    data = step["data"]
+    assert "mas/plan/reward_mean" in data and "mas/tool/reward_mean" in data
+    rows = [json.loads(line) for line in open(dump / "step_1.jsonl")]
+    assert {(row["mas_role"], row["mas_turn"]) for row in rows} >= {("tool", 0), ("plan", 0)}  # a row per turn and role
+    episodes = defaultdict(list)  # verl's row key: <uid>_<session>_<row>
+    for row in rows:
+        episodes[row["key"].rsplit("_", 1)[0]].append(row)
+    assert len(episodes) == 2 * N  # two problems, N episodes each
+    for members in episodes.values():  # every row of an episode: the episode's return and advantage
+        assert len({round(row["score"], 6) for row in members}) == 1
+        assert len({round(row["advantage"], 5) for row in members}) == 1
+    signal = any(abs(row["advantage"]) > 1e-6 for row in rows)
+    assert signal == (len({round(row["score"], 6) for row in rows}) > 1)
+    assert (data["actor/grad_norm"] > 0) == signal
