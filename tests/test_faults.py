@@ -260,3 +260,13 @@ def test_a_failed_episode_never_joins_the_group_of_real_replies(tokenizer, mode)
     advantages, _ = compute_at_grpo_advantage(rewards, torch.ones_like(rewards), index)
     assert advantages[:3, 0].tolist() == pytest.approx([0.577, 0.577, -1.155], abs=1e-3)
     assert advantages[3, 0] == 0.0
+
+
+def test_each_row_carries_the_temperature_its_reply_is_trained_at(tokenizer):
+    """A role's own temperature, else the rollout's (1.0 here); greedy replies are scored at 1, as
+    the rollouts record their log-probs (docs/training.md)."""
+    settings = {"roles": {"plan": {"sampling": {"temperature": 0.5}}, "tool": {"sampling": {"temperature": 0}}}}
+    outputs = play(tokenizer, ScriptedServer(tokenizer), settings, fault="step", fault_turn=9)
+    assert {(o.extra_fields["mas_role"], o.extra_fields["mas_temperature"]) for o in outputs} == {("plan", 0.5), ("tool", 1.0)}
+    outputs = play(tokenizer, ScriptedServer(tokenizer), fault="step", fault_turn=9)
+    assert {o.extra_fields["mas_temperature"] for o in outputs} == {1.0}

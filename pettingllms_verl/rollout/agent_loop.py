@@ -76,6 +76,12 @@ class EpisodeAgentLoop(AgentLoopBase):
         params["max_tokens"] = min(int(params.get("max_tokens", self.response_length)), self.response_length)
         return params
 
+    def _scoring_temperature(self, base: dict[str, Any], role: str, validate: bool) -> float:
+        """The temperature a role's replies are scored at in training: the one they were sampled
+        at; greedy replies (temperature <= 0) at 1, as the rollouts record their log-probs."""
+        temperature = float(self._sampling(base, role, validate).get("temperature", 1.0))
+        return temperature if temperature > 0 else 1.0
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         validate = bool(kwargs.get(VALIDATE_KWARG, False))
         started_at = time.time()
@@ -132,7 +138,7 @@ class EpisodeAgentLoop(AgentLoopBase):
                 "mas_policy": policy,
                 "mas_served_by": sorted(map(str, served_by[role])),
                 "mas_weight_versions": sorted(v for v in weight_versions[role] if v is not None),
-                ROW_TEMPERATURE: float(self._sampling(sampling_params, role, validate).get("temperature", 1.0)),
+                ROW_TEMPERATURE: self._scoring_temperature(sampling_params, role, validate),
             }
             for role, policy in policies.items()
         }
