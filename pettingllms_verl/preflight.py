@@ -360,6 +360,23 @@ def _check_team_estimator(config: DictConfig) -> None:
         )
 
 
+def _check_one_temperature(config: DictConfig) -> None:
+    """Outside the mas_sync trainer verl scores every row at ``rollout.temperature``: a role sampled
+    at another one would be trained off-policy (mas_sync scores each row at its own)."""
+    from pettingllms_verl.config import load
+
+    settings = load(_select(config, "pettingllms"))
+    rollout = float(_select(config, "actor_rollout_ref.rollout.temperature") or 1.0)
+    for role in settings.roles:
+        temperature = settings.sampling_overrides(role, validate=False).get("temperature")
+        if temperature is not None and float(temperature) != rollout:
+            raise ConfigError(
+                f"pettingllms.roles.{role}.sampling.temperature", f"{temperature} with rollout.temperature={rollout} "
+                "outside the mas_sync trainer: verl would score this role's replies at the rollout's temperature",
+                "set trainer.v1.trainer_mode=mas_sync, or sample the role at the rollout's temperature",
+            )
+
+
 def _check_agreement(config: DictConfig) -> None:
     """Settings that each look fine but disagree with another one (silently wrong training)."""
     mas = _select(config, "trainer.v1.trainer_mode") == "mas_sync"
@@ -389,6 +406,8 @@ def _check_agreement(config: DictConfig) -> None:
                 "reward.reward_model.enable", "a reward model would overwrite the environments' per-sample rewards",
                 "set reward.reward_model.enable=false (the environments score every reply)",
             )
+    if not mas and _select(config, "pettingllms") is not None:
+        _check_one_temperature(config)
     if _select(config, "actor_rollout_ref.rollout.name") in ("vllm", "vllm_multilora") and not _vllm_installed():
         raise ConfigError(
             "actor_rollout_ref.rollout.name", "vllm is not installed here",

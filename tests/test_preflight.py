@@ -312,6 +312,15 @@ def test_independent_episodes_may_use_rollout_n(tmp_path, estimator):
                                   "algorithm.adv_estimator": estimator}))
 
 
+def test_a_role_temperature_outside_mas_sync_is_refused(tmp_path):
+    sync = {"trainer.v1.trainer_mode": "sync", "algorithm.adv_estimator": "grpo"}
+    check(config(tmp_path, **sync, **{"pettingllms.roles.plan.sampling.temperature": 1.0}))  # the rollout's own
+    with pytest.raises(ConfigError, match="outside the mas_sync trainer") as error:
+        check(config(tmp_path, **sync, **{"pettingllms.roles.plan.sampling.temperature": 0.5}))
+    assert error.value.key == "pettingllms.roles.plan.sampling.temperature"
+    check(mas_config(tmp_path, **{"pettingllms.roles.plan.sampling.temperature": 0.5}))  # mas_sync scores it per row
+
+
 @pytest.mark.parametrize("rollout", ["vllm", "vllm_multilora"])
 def test_vllm_must_be_installed(tmp_path, monkeypatch, rollout):
     monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: False)
