@@ -360,21 +360,42 @@ def _check_team_estimator(config: DictConfig) -> None:
         )
 
 
-def _check_one_temperature(config: DictConfig) -> None:
-    """Outside the mas_sync trainer verl scores every row at ``rollout.temperature``: a role sampled
-    at another one would be trained off-policy (mas_sync scores each row at its own)."""
+def _temperature_apart(config: DictConfig) -> tuple[str, float, float] | None:
+    """(key, temperature, the rollout's) of the first role or policy that trains at another temperature
+    than ``rollout.temperature`` (greedy counts as 1, as the rollouts score it), or None."""
     from pettingllms_verl.config import load
 
     settings = load(_select(config, "pettingllms"))
-    rollout = float(_select(config, "actor_rollout_ref.rollout.temperature") or 1.0)
-    for role in settings.roles:
-        temperature = settings.sampling_overrides(role, validate=False).get("temperature")
-        if temperature is not None and float(temperature) != rollout:
-            raise ConfigError(
-                f"pettingllms.roles.{role}.sampling.temperature", f"{temperature} with rollout.temperature={rollout} "
-                "outside the mas_sync trainer: verl would score this role's replies at the rollout's temperature",
-                "set trainer.v1.trainer_mode=mas_sync, or sample the role at the rollout's temperature",
-            )
+    scored = lambda t: float(t) if float(t) > 0 else 1.0  # noqa: E731
+    rollout = _select(config, "actor_rollout_ref.rollout.temperature")
+    rollout = scored(1.0 if rollout is None else rollout)
+    for role, role_config in settings.roles.items():
+        if role_config.sampling.temperature is not None and scored(role_config.sampling.temperature) != rollout:
+            return f"pettingllms.roles.{role}.sampling.temperature", role_config.sampling.temperature, rollout
+    for name, policy in settings.policies.items():
+        temperature = OmegaConf.select(OmegaConf.create(policy.overrides), "rollout.temperature")
+        if temperature is not None and scored(temperature) != rollout:
+            return f"pettingllms.policies.{name}.overrides.rollout.temperature", temperature, rollout
+    return None
+
+
+def _check_one_temperature(config: DictConfig, mas: bool) -> None:
+    """A role trained at its own temperature needs the mas_sync trainer on verl's FSDP engine without
+    fused kernels: only there is each row scored at its own (``trainer/shared_prefix.py``)."""
+    apart = _temperature_apart(config)
+    if apart is None:
+        return
+    key, temperature, rollout = apart
+    problem = f"{temperature} with rollout.temperature={rollout}"
+    if not mas:
+        raise ConfigError(key, f"{problem} outside the mas_sync trainer: verl would score these replies at the "
+                          "rollout's temperature", "set trainer.v1.trainer_mode=mas_sync, or sample at the rollout's temperature")
+    if _select(config, "actor_rollout_ref.actor.strategy") not in (None, "fsdp", "fsdp2"):  # None: verl's default, fsdp
+        raise ConfigError(key, f"{problem} with actor.strategy={_select(config, 'actor_rollout_ref.actor.strategy')}: "
+                          "only the FSDP engine scores each row at its own temperature", "use fsdp2, or one temperature")
+    if _select(config, "actor_rollout_ref.model.use_fused_kernels"):
+        raise ConfigError(key, f"{problem} with model.use_fused_kernels: verl's fused kernels take one temperature "
+                          "per batch", "set actor_rollout_ref.model.use_fused_kernels=false, or one temperature")
 
 
 def _check_agreement(config: DictConfig) -> None:
@@ -406,8 +427,8 @@ def _check_agreement(config: DictConfig) -> None:
                 "reward.reward_model.enable", "a reward model would overwrite the environments' per-sample rewards",
                 "set reward.reward_model.enable=false (the environments score every reply)",
             )
-    if not mas and _select(config, "pettingllms") is not None:
-        _check_one_temperature(config)
+    if _select(config, "pettingllms") is not None:
+        _check_one_temperature(config, mas)
     if _select(config, "actor_rollout_ref.rollout.name") in ("vllm", "vllm_multilora") and not _vllm_installed():
         raise ConfigError(
             "actor_rollout_ref.rollout.name", "vllm is not installed here",

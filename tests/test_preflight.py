@@ -319,6 +319,13 @@ def test_a_role_temperature_outside_mas_sync_is_refused(tmp_path):
         check(config(tmp_path, **sync, **{"pettingllms.roles.plan.sampling.temperature": 0.5}))
     assert error.value.key == "pettingllms.roles.plan.sampling.temperature"
     check(mas_config(tmp_path, **{"pettingllms.roles.plan.sampling.temperature": 0.5}))  # mas_sync scores it per row
+    check(config(tmp_path, **sync, **{"pettingllms.roles.plan.sampling.temperature": 0}))  # greedy: scored at 1 by both
+    with pytest.raises(ConfigError, match="outside the mas_sync trainer") as error:  # a policy's temperature too
+        check(config(tmp_path, **sync, **{"pettingllms.policies.shared.overrides.rollout.temperature": 0.7}))
+    assert error.value.key == "pettingllms.policies.shared.overrides.rollout.temperature"
+    with pytest.raises(ConfigError, match="fused kernels take one temperature") as error:
+        check(mas_config(tmp_path, **{"pettingllms.roles.plan.sampling.temperature": 0.5, "actor_rollout_ref.model.use_fused_kernels": "true"}))
+    assert error.value.key == "pettingllms.roles.plan.sampling.temperature"
 
 
 @pytest.mark.parametrize("rollout", ["vllm", "vllm_multilora"])

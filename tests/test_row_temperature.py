@@ -38,6 +38,19 @@ def test_each_row_is_scored_at_its_own_temperature(engine, share):
     assert not torch.allclose(mixed[1], scalar[1], atol=1e-3)
 
 
+def test_one_temperature_for_every_row_reaches_verl_as_its_scalar():
+    """verl skips rescaling the logits only for a scalar 1 (and its fused kernels take no tensor)."""
+    from pettingllms_verl.trainer.local_engine import no_padding_batch as batch
+    from pettingllms_verl.trainer.shared_prefix import _with_row_temperatures
+
+    data = batch([[5, 6], [7]], [[8], [9, 10]], temperature=0.7)
+    data[ROW_TEMPERATURE] = torch.tensor([1.0, 1.0])
+    assert _with_row_temperatures(data)["temperature"] == 1.0
+    data[ROW_TEMPERATURE] = torch.tensor([1.0, 2.0])
+    assert _with_row_temperatures(data)["temperature"].tolist() == [1.0, 2.0]
+    assert data["temperature"] == 0.7  # the caller's batch is left as it was
+
+
 def test_a_role_samples_at_its_own_then_its_policys_then_the_rollouts_temperature():
     settings = load({
         "policies": {"planner": {"overrides": {"rollout": {"temperature": 0.7}}}, "tool": {}},

@@ -409,17 +409,19 @@ class MASTrainer(PPOTrainerSync):
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's update, with the padding rows spread over its optimizer steps (``spread_padding``;
-        ``actor/mini_batch_real_frac_min``: the smallest real-row share of a step); with
+        ``actor/mini_batch_real_frac_min``: the smallest real-row share of a step; not with
+        ``actor.shuffle``, where verl draws each rank's mini-batches at random); with
         ``trainer.mini_batches_per_step`` = K the policy's rows (padded to a multiple of K) are split
         into exactly K mini-batches, whatever the episodes' lengths."""
         actor = self.config.actor_rollout_ref.actor
         n = self.config.actor_rollout_ref.rollout.n
         k = self.settings.trainer.mini_batches_per_step
-        mini_batches = k if k is not None else len(batch) // (actor.ppo_mini_batch_size * n)
-        order, metrics["actor/mini_batch_real_frac_min"] = spread_padding(
-            [bool(tag.get("is_padding", False)) for tag in batch.tags], self._dp_size(), mini_batches
-        )
-        batch.reorder(order)
+        if not actor.get("shuffle", False):  # shuffled, verl deals each rank's rows into mini-batches itself
+            mini_batches = k if k is not None else len(batch) // (actor.ppo_mini_batch_size * n)
+            order, metrics["actor/mini_batch_real_frac_min"] = spread_padding(
+                [bool(tag.get("is_padding", False)) for tag in batch.tags], self._dp_size(), mini_batches
+            )
+            batch.reorder(order)
         if k is None:
             return super()._update_actor(batch, metrics)
         configured = actor.ppo_mini_batch_size

@@ -297,10 +297,7 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
 
     def prepare_model_inputs(self, micro_batch: TensorDict):
         if ROW_TEMPERATURE in micro_batch.keys():
-            # each row at the temperature it was sampled at: verl's engine takes a (bsz,) temperature
-            micro_batch = micro_batch.copy()
-            del micro_batch["temperature"]
-            micro_batch["temperature"] = micro_batch[ROW_TEMPERATURE]
+            micro_batch = _with_row_temperatures(micro_batch)
         if not getattr(self, "_shared_now", False):
             return super().prepare_model_inputs(micro_batch)
         input_ids = micro_batch["input_ids"]
@@ -334,6 +331,20 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
             index, micro_batch = shared
             output.logits = output.logits[:, index]
         return super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+
+
+def _with_row_temperatures(micro_batch: TensorDict) -> TensorDict:
+    """The micro-batch with each row at the temperature it was sampled at (``ROW_TEMPERATURE``):
+    verl's engine takes a (bsz,) temperature tensor; where every row shares one it gets the scalar,
+    so verl keeps its shortcuts (no rescaled copy of the vocabulary-sized logits at 1, fused kernels)."""
+    rows = micro_batch[ROW_TEMPERATURE]
+    micro_batch = micro_batch.copy()
+    if bool((rows == rows[0]).all()):
+        tu.assign_non_tensor(micro_batch, temperature=float(rows[0]))
+    else:
+        del micro_batch["temperature"]
+        micro_batch["temperature"] = rows
+    return micro_batch
 
 
 @contextlib.contextmanager
