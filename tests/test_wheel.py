@@ -54,6 +54,9 @@ def test_the_wheel_installs_with_ranges_that_admit_the_tested_versions(venv):
     _run([str(venv), "-m", "pip", "check"])  # every declared range holds for the installed (tested) versions
     requires = _run([str(venv), "-c", "from importlib.metadata import requires; print(requires('pettingllms-verl'))"]).stdout
     assert "verl==" not in requires and "transformers==" not in requires  # ranges, not exact pins
+    version = _run([str(venv), "-c", "import pettingllms_verl as p; from importlib.metadata import version; "
+                          "print(p.__version__, version('pettingllms-verl'))"], cwd="/").stdout.split()
+    assert version[0] == version[1] and version[0][0].isdigit()  # one version, the module's, in the wheel's metadata
 
 
 def test_one_recipe_step_from_outside_the_repository(venv, tmp_path):
