@@ -47,6 +47,13 @@ VAL_METRICS = "val_metrics.json"  # global_step_N/val_metrics.json: the validati
 ROW_TEMPERATURE = "mas_temperature"
 
 
+def key(help: str, default: Any = None, factory: Any = None) -> Any:
+    """A config key with its one-line help (the reference in docs/configuration.md is generated from it)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 class SettingsError(ValueError):
     """A bad value in the ``pettingllms`` section; the message starts with its full key."""
 
@@ -55,12 +62,12 @@ class SettingsError(ValueError):
 class SamplingConfig:
     """Per-role overrides of verl's sampling params (unset = the rollout's own)."""
 
-    temperature: Optional[float] = None  # sampling temperature of this role's replies
-    top_p: Optional[float] = None  # nucleus sampling threshold
-    top_k: Optional[int] = None  # top-k sampling (-1: off)
-    max_tokens: Optional[int] = None  # reply budget (capped by rollout.response_length)
-    stop: Optional[List[str]] = None  # stop strings
-    repetition_penalty: Optional[float] = None  # >1 discourages repeats
+    temperature: Optional[float] = key("sampling temperature of this role's replies")
+    top_p: Optional[float] = key("nucleus sampling threshold")
+    top_k: Optional[int] = key("top-k sampling (-1: off)")
+    max_tokens: Optional[int] = key("reply budget (capped by rollout.response_length)")
+    stop: Optional[List[str]] = key("stop strings")
+    repetition_penalty: Optional[float] = key("above 1 discourages repeats")
 
     def params(self) -> dict[str, Any]:
         return {key: value for key, value in vars(self).items() if value is not None}
@@ -72,20 +79,20 @@ DISTRIBUTION_KEYS = ("temperature", "top_p", "top_k")
 
 @dataclass
 class RoleConfig:
-    policy: Optional[str] = None  # policy that acts for this role (a key of `policies`); default: the only policy
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # this role's sampling overrides in training
-    val_sampling: SamplingConfig = field(default_factory=SamplingConfig)  # in validation (default: verl's val_kwargs; sampling's max_tokens/stop still apply)
-    reward: Optional[str] = None  # your reward for this role's replies, 'module:function' or 'file.py:function': fn(role=, reply=, result=, env=) -> float replaces the env's local reward
+    policy: Optional[str] = key("policy that acts for this role (a key of `policies`); default: the only policy")
+    sampling: SamplingConfig = key("this role's sampling overrides in training", factory=SamplingConfig)
+    val_sampling: SamplingConfig = key("this role's sampling overrides in validation (default: verl's val_kwargs; sampling's max_tokens/stop still apply)", factory=SamplingConfig)
+    reward: Optional[str] = key("your reward for this role's replies, 'module:function' or 'file.py:function': fn(role=, reply=, result=, env=) -> float replaces the env's local reward")
 
 
 @dataclass
 class AdapterConfig:
     """A LoRA adapter on the run's base model (``actor_rollout_ref.model.path``), named after its policy."""
 
-    rank: int = 8  # LoRA rank r
-    alpha: int = 16  # LoRA alpha (the update is scaled by alpha / rank)
-    target_modules: List[str] = field(default_factory=lambda: ["all-linear"])  # module names to adapt, or ["all-linear"]
-    path: Optional[str] = None  # start from this peft adapter folder (adapter_config.json + adapter_model.safetensors)
+    rank: int = key("LoRA rank r", 8)
+    alpha: int = key("LoRA alpha (the update is scaled by alpha / rank)", 16)
+    target_modules: List[str] = key("module names to adapt, or [\"all-linear\"]", factory=lambda: ["all-linear"])
+    path: Optional[str] = key("start from this peft adapter folder (adapter_config.json + adapter_model.safetensors)")
 
     def lora_config(self) -> dict[str, Any]:
         """peft ``LoraConfig`` fields."""
@@ -101,12 +108,12 @@ class PolicyConfig:
     """One policy: a full model with its own trainer worker group and rollout replicas (L2), or a
     LoRA adapter on the run's base model, sharing one worker group with the other adapters (L1)."""
 
-    overrides: Dict[str, Any] = field(default_factory=dict)  # merged into actor_rollout_ref for this policy (model.path, actor.optim.lr, rollout.gpu_memory_utilization, ...)
-    trainable: bool = True  # false: it generates but is never updated (a frozen role)
-    pool: str = "shared"  # shared: colocated on the trainer's GPUs (trainer.n_gpus_per_node x nnodes) | own: GPUs of its own
-    n_gpus_per_node: Optional[int] = None  # pool=own: GPUs per node of its pool (default trainer.n_gpus_per_node)
-    nnodes: Optional[int] = None  # pool=own: nodes of its pool (default trainer.nnodes)
-    adapter: Optional[AdapterConfig] = None  # set: this policy is a LoRA adapter on actor_rollout_ref's model (L1)
+    overrides: Dict[str, Any] = key("merged into actor_rollout_ref for this policy (model.path, actor.optim.lr, rollout.gpu_memory_utilization, ...)", factory=dict)
+    trainable: bool = key("false: it generates but is never updated (a frozen role)", True)
+    pool: str = key("shared: colocated on the trainer's GPUs (trainer.n_gpus_per_node x nnodes) | own: GPUs of its own", "shared")
+    n_gpus_per_node: Optional[int] = key("pool=own: GPUs per node of its pool (default trainer.n_gpus_per_node)")
+    nnodes: Optional[int] = key("pool=own: nodes of its pool (default trainer.nnodes)")
+    adapter: Optional[AdapterConfig] = key("set: this policy is a LoRA adapter on actor_rollout_ref's model (L1)")
 
     def own_pool(self, trainer_gpus_per_node: int, trainer_nnodes: int) -> list[int]:
         """GPUs per node of this policy's own pool (verl's resource-pool spec); [] on the shared pool."""
@@ -119,17 +126,17 @@ class PolicyConfig:
 class PathsConfig:
     """``pettingllms.paths``: where things are read and written."""
 
-    artifacts: Optional[str] = None  # where `make` puts models, data and checkpoints (recipes interpolate it)
-    batch_dump_dir: Optional[str] = None  # if set, each step's training rows are written there as JSONL
-    episode_log_dir: Optional[str] = None  # if set, every episode (training and validation) is appended there as JSONL: prompts, replies, rewards, tree branches
+    artifacts: Optional[str] = key("where `make` puts models, data and checkpoints (recipes interpolate it)")
+    batch_dump_dir: Optional[str] = key("if set, each step's training rows are written there as JSONL")
+    episode_log_dir: Optional[str] = key("if set, every episode (training and validation) is appended there as JSONL: prompts, replies, rewards, tree branches")
 
 
 @dataclass
 class TrainerConfig:
     """``pettingllms.trainer``: knobs of the mas_sync trainer."""
 
-    mini_batches_per_step: Optional[int] = None  # optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)
-    replay_poll_interval_s: Optional[float] = None  # how often verl's replay buffer polls for finished episodes (verl: 2 s)
+    mini_batches_per_step: Optional[int] = key("optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)")
+    replay_poll_interval_s: Optional[float] = key("how often verl's replay buffer polls for finished episodes (verl: 2 s)")
 
 
 # keys that moved out of the top level of the section: old key -> its sub-section
@@ -142,19 +149,23 @@ MOVED_KEYS = {
 }
 
 
+GROUP_PARTS = ("turn", "role", "node")  # AT-GRPO's group key beside the problem, in key order
+
+
 @dataclass
 class PettingLLMsConfig:
-    workflow: str = "mas"  # sa: one agent does everything | mas: every role of the env acts, in turn order
-    rollout_mode: str = "tree"  # tree: K branches per (turn, role) node | independent: plain episodes (rollout.n of them)
-    k: int = 4  # branches per tree node
-    alpha: float = 1.0  # mixed reward = alpha * team reward + role reward
-    env_kwargs: Dict[str, Any] = field(default_factory=dict)  # pettingllms_verl.envs.make(name, **env_kwargs)
-    envs: Dict[str, str] = field(default_factory=dict)  # your environments: name -> 'module:Class' (or 'file.py:Class'), registered in every rollout worker; rows name them in extra_info.env
-    roles: Dict[str, RoleConfig] = field(default_factory=dict)  # per role: policy and sampling overrides
-    policies: Dict[str, PolicyConfig] = field(default_factory=dict)  # name -> policy; empty: one policy "shared"
-    swap_policies: Optional[List[str]] = None  # two policy names: validation also runs with each one's roles served by the other (metrics under swap/)
-    paths: PathsConfig = field(default_factory=PathsConfig)  # where models, data, checkpoints and logs go
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # knobs of the mas_sync trainer
+    workflow: str = key("sa: one agent does everything | mas: every role of the env acts, in turn order", "mas")
+    rollout_mode: str = key("tree: K branches per (turn, role) node | independent: plain episodes (rollout.n of them)", "tree")
+    k: int = key("branches per tree node", 4)
+    alpha: float = key("mixed reward = alpha * team reward + role reward", 1.0)
+    group_by: List[str] = key("parts of a reply's GRPO group key beside its problem (turn, role, tree node); [] groups by problem alone (the credit-assignment ablation)", factory=lambda: list(GROUP_PARTS))
+    env_kwargs: Dict[str, Any] = key("the environment's options: pettingllms_verl.envs.make(name, **env_kwargs)", factory=dict)
+    envs: Dict[str, str] = key("your environments: name -> 'module:Class' (or 'file.py:Class'), registered in every rollout worker; rows name them in extra_info.env", factory=dict)
+    roles: Dict[str, RoleConfig] = key("per role: policy and sampling overrides", factory=dict)
+    policies: Dict[str, PolicyConfig] = key("name -> policy; empty: one policy \"shared\"", factory=dict)
+    swap_policies: Optional[List[str]] = key("two policy names: validation also runs with each one's roles served by the other (metrics under swap/)")
+    paths: PathsConfig = key("where models, data, checkpoints and logs go", factory=PathsConfig)
+    trainer: TrainerConfig = key("knobs of the mas_sync trainer", factory=TrainerConfig)
 
     def role(self, name: str) -> RoleConfig:
         return self.roles.get(name) or RoleConfig()
@@ -218,6 +229,8 @@ class PettingLLMsConfig:
             raise SettingsError(f"{SECTION}.workflow: {self.workflow!r} is not 'sa' or 'mas'")
         if self.rollout_mode not in ("tree", "independent"):
             raise SettingsError(f"{SECTION}.rollout_mode: {self.rollout_mode!r} is not 'tree' or 'independent'")
+        if any(part not in GROUP_PARTS for part in self.group_by) or len(set(self.group_by)) != len(self.group_by):
+            raise SettingsError(f"{SECTION}.group_by: {list(self.group_by)}; use each of {list(GROUP_PARTS)} at most once")
         if self.k < 1:
             raise SettingsError(f"{SECTION}.k: {self.k} branches per node; need at least 1")
         mini_batches = self.trainer.mini_batches_per_step

@@ -128,11 +128,24 @@ def test_independent_mode_groups_across_sessions_by_turn_and_role():
     assert keys == {"p|t0|tool|indep", "p|t0|plan|indep"}
 
 
+@pytest.mark.parametrize("group_by, groups", [([], 1), (["role"], 2), (["turn"], 2), (["turn", "role"], 4)])
+def test_group_by_keeps_only_the_named_parts_of_the_key(group_by, groups):
+    """The credit-assignment ablation: with fewer parts, replies of other turns, roles and nodes of
+    the same problem share a group (one tree, K = 4, two turns: one node per turn and role)."""
+    _, episode, _ = play(seed=7, k=4)
+    assert {s.turn for s in episode.samples} == {0, 1}
+    full = {group_key("p", 0, s, PettingLLMsConfig(k=4)) for s in episode.samples}
+    keys = {group_key("p", 0, s, PettingLLMsConfig(k=4, group_by=group_by)) for s in episode.samples}
+    assert len(keys) == groups <= len(full) == 4 and all(key.startswith("p") for key in keys)
+
+
 @pytest.mark.parametrize(
     "section, message",
     [
         ({"workflow": "team"}, "pettingllms.workflow"),
         ({"rollout_mode": "beam"}, "pettingllms.rollout_mode"),
+        ({"group_by": ["turn", "problem"]}, "pettingllms.group_by"),
+        ({"group_by": ["role", "role"]}, "pettingllms.group_by"),
         ({"k": 0}, "pettingllms.k"),
         ({"roles": {"plan": {"sampling": {"temprature": 1.0}}}}, "pettingllms.roles.plan.sampling"),
         ({"alhpa": 1.0}, "pettingllms.alhpa"),

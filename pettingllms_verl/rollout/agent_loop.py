@@ -39,11 +39,16 @@ def group_key(uid: str, session_id: int, sample: Sample, settings: PettingLLMsCo
     independent episodes (K = 1) of one problem share (turn, role) groups across sessions. A
     placeholder (an episode that failed before its first reply) is a group of its own: its zero
     reward must not enter the mean and std of the replies it stands beside.
+    ``settings.group_by`` keeps some of the parts beside the problem; ``[]`` keys by problem alone.
     """
     if sample.placeholder:
         return f"{uid}|s{session_id}|placeholder"
-    node = f"s{session_id}:{sample.node}" if settings.rollout_mode == "tree" else "indep"
-    return f"{uid}|t{sample.turn}|{sample.role}|{node}"
+    parts = {
+        "turn": f"t{sample.turn}",
+        "role": sample.role,
+        "node": f"s{session_id}:{sample.node}" if settings.rollout_mode == "tree" else "indep",
+    }
+    return "|".join([uid, *(parts[name] for name in settings.group_by)])
 
 
 @register(EPISODE_AGENT)
