@@ -3,7 +3,7 @@
 # hyperparameters: `make run RECIPE=plan_path_mas_atgrpo_qwen3_1p7b` (builds the data where missing,
 # then launches). Needs the hub (or actor_rollout_ref.model.path=<local dir> as an argument) and a
 # Python with CUDA torch and vLLM: PY=python uses the active one instead of the Makefile's .venv.
-# Arguments are Hydra overrides. Not yet run by us.
+# Arguments are Hydra overrides. Not yet run on a GPU (docs/gpus.md).
 set -euo pipefail
 exec make -C "$(dirname "$0")/.." run RECIPE=plan_path_mas_atgrpo_qwen3_1p7b HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-0}" \
   ${PY:+PY="$PY"} ARGS="$*"

@@ -186,7 +186,7 @@ def _check_policies(config: DictConfig) -> None:
             settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
     except SettingsError as error:
         key, _, problem = str(error).partition(": ")
-        raise ConfigError(key, problem, "see the `pettingllms:` section in the README") from None
+        raise ConfigError(key, problem, "every key and its help: docs/configuration.md") from None
     main_model = _select(config, "actor_rollout_ref.model.path")
     main_vocab = None  # loaded once, on the first policy with a model of its own
     for name, policy in table.items():
@@ -472,7 +472,7 @@ def check(config: DictConfig) -> None:
                 raise ConfigError(
                     key,
                     f"dataset file not found: {path}",
-                    "run the matching data_prep script (see README, e.g. `make data`) or set "
+                    "run the matching data_prep script (docs/environments.md; e.g. `make data`) or set "
                     f"{key}=<parquet path>",
                 )
     if _select(config, "pettingllms") is not None:

@@ -26,7 +26,7 @@ from pettingllms_verl.envs.plan_path.env import MOVE_DELTAS, bfs_distances
 # the answer's own format (<answer>U R</answer>): the plan agent's copy is then that line verbatim,
 # an induction from "<answer>". With bare moves the tiny model learned to read its first move from
 # the grid instead (both programs' first moves follow the geometry), and got it wrong in about 4 of
-# 10 copies; with this format the untrained team succeeds about twice as often (README, "A closer look").
+# 10 copies; with this format the untrained team succeeds about twice as often (benchmarks/RESULTS.md, "Bare-moves warm start").
 BFS_PROGRAM = """import json
 s=json.load(open(0));g=s["grid"];q=[(tuple(s["pos"]),"")];v=set()
 for p,m in q:
