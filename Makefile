@@ -21,7 +21,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install model real-model real-before-after reproduce reproduce-mixed-planner model-plan-path-demos data-plan-path-5x5 data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
+.PHONY: help run install model real-model real-before-after reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -123,34 +123,20 @@ real-before-after: $(call recipe_needs,$(REAL_RUN))  ## the real model on Plan-P
 	    --results $(ARTIFACTS)/eval/$(REAL_RUN)/before/results.json --results $(ARTIFACTS)/eval/$(REAL_RUN)/after/results.json --out $(ARTIFACTS)/eval/$(REAL_RUN)
 
 # The reproduction of "MAS + AT-GRPO beats SA + GRPO" on CPU (pettingllms_verl/eval/reproduce.py):
-# Plan-Path 5x5, the tiny model warm-started by verl's SFT trainer on noisy demonstrations, SA + GRPO,
-# MAS + AT-GRPO (shared policy) and MAS + AT-GRPO (a model per role, also swapped) over 3 seeds,
-# evaluated on the test split before and after training. A rerun keeps finished training runs.
-REPRO_ENV := {"size": 5, "wall_density": 0.3, "max_turns": 2}
+# Plan-Path 4x4 in one turn, the tiny model warm-started by verl's SFT trainer on noisy demonstrations,
+# SA + GRPO, MAS + AT-GRPO (shared policy, and a model per role, also swapped) and MAS + GRPO with
+# groups keyed by problem alone, 3 seeds each, evaluated on 512 test problems before and after
+# training (docs/reproduction.md). A rerun keeps finished training runs.
+REPRO_ENV := {"size": 4, "wall_density": 0.3, "max_turns": 1}
 # a warm start older than the demonstrations' code is built again (the SFT command keeps an existing model)
 $(ARTIFACTS)/tiny_model_plan_path_demos/config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/tiny_model/config.json
 	rm -rf $(@D)
-	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model --out $(@D) --env-kwargs '$(REPRO_ENV)'
+	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model --out $(@D) --episodes 3000 --env-kwargs '$(REPRO_ENV)'
 
 model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_demos/config.json
-data-plan-path-5x5: data-plan_path_5x5
 
-reproduce: model-plan-path-demos data-plan-path-5x5  ## MAS + AT-GRPO against SA + GRPO on Plan-Path 5x5, 3 seeds, before and after
+reproduce: model-plan-path-demos data-plan_path_4x4  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
-
-# The per-role method again with its two roles started apart: the tool from the warm start above, the
-# planner from that warm start fine-tuned 300 more SFT steps on demonstrations in which the tool writes
-# the BFS program half the time (30 % above), so that the planner has seen as many BFS outputs as
-# wall-blind ones before the tool learns to write BFS. Same seeds, steps and evaluation as `make reproduce`.
-MIXED_PLANNER := $(ARTIFACTS)/tiny_model_plan_path_planner_tool05
-$(MIXED_PLANNER)/config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/tiny_model_plan_path_demos/config.json
-	rm -rf $(@D)
-	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model_plan_path_demos --out $(@D) --steps 300 --lr 1e-3 --seed 1 \
-	    --p-correct '{"tool": 0.5}' --env-kwargs '$(REPRO_ENV)'
-
-reproduce-mixed-planner: $(MIXED_PLANNER)/config.json data-plan-path-5x5  ## the per-role method with its planner warm-started apart
-	$(PY) -m pettingllms_verl.eval.reproduce --methods per_role --out $(ARTIFACTS)/reproduce_mixed_planner \
-	    --set ++pettingllms.policies.plan_policy.overrides.model.path=$(abspath $(MIXED_PLANNER))
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count. The command is printed with the environment it needs, so that it

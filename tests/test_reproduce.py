@@ -2,6 +2,7 @@
 driver's arguments, resume bookkeeping and its table."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def test_good_arguments_are_read():
     assert args.methods == ["sa", "mas"] and args.seeds == [3, 4]
 
 
-def test_training_runs_go_jobs_at_once_and_a_failed_one_stops_the_reproduction(tmp_path, monkeypatch, capsys):
+def test_training_runs_go_jobs_at_once_and_a_failed_one_is_reported_while_the_others_go_on(tmp_path, monkeypatch, capsys):
     import subprocess
     import threading
 
@@ -131,9 +132,12 @@ def test_training_runs_go_jobs_at_once_and_a_failed_one_stops_the_reproduction(t
     reproduce.train_all(40, args, tmp_path / "out", {"sa": reproduce.warm_start(args, "sa")})
     assert sorted(trained) == ["sa_s0", "sa_s1", "sa_s2"]
     assert capsys.readouterr().out.count("] done in") == 3
-    failing = reproduce.parse_args(["--methods", "sa", "--seeds", "9", "--out", str(tmp_path / "out")])
-    with pytest.raises(reproduce.ReproduceError, match="training sa_s9 failed"):
-        reproduce.train_all(40, failing, tmp_path / "out", {"sa": reproduce.warm_start(failing, "sa")})
+    trained.clear()
+    failing = reproduce.parse_args(["--methods", "sa", "--seeds", "9,8", "--jobs", "1", "--out", str(tmp_path / "out")])
+    failed = reproduce.train_all(40, failing, tmp_path / "out", {"sa": reproduce.warm_start(failing, "sa")})
+    assert list(failed) == ["sa_s9"] and "training sa_s9 failed (exit 1)" in failed["sa_s9"]
+    assert trained == ["sa_s9", "sa_s8"]  # the run after the failed one still trained
+    assert "[train sa_s9] FAILED" in capsys.readouterr().out
 
 
 def test_finished_steps_reads_verls_last_file(tmp_path):
@@ -186,8 +190,14 @@ def test_aggregate_reports_before_after_mean_and_spread_per_method(tmp_path):
     warm = {"sa": {"shared": "demos"}, "mas": {"shared": "demos"}, "per_role": {"tool_policy": "demos", "plan_policy": "planner"}}
     text = reproduce.markdown(list(table.values()), {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600, "warm_starts": warm})
     assert "MAS + AT-GRPO, a model per role: tool_policy `demos`, plan_policy `planner`." in text
-    assert "| MAS + AT-GRPO, a model per role | 0.250 | 0.700 | 0.600 - 0.800 | 0.800 | 0.600 | plan 0.500 -> 0.800, tool 1.000 -> 1.400 |" in text
-    assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 | 0.200 - 0.400 | 0.200 | 0.400 | - |" in text
+    # pooled over seeds (64 episodes each): 0.7 ± sqrt(.21/128); the gain over 0.25 on 64 episodes in SE of the difference
+    gain = table["per_role", False]["gain"]
+    assert gain["diff"] == pytest.approx(0.45) and gain["se"] == pytest.approx(math.sqrt(0.21 / 128 + 0.1875 / 64))
+    assert gain["z"] == pytest.approx(0.45 / gain["se"])
+    assert table["per_role", False]["after_episodes_per_seed"] == {0: 64, 1: 64}
+    assert ("| MAS + AT-GRPO, a model per role | 0.250 ± 0.054 (64) | 0.700 ± 0.041 (128) | +0.450 ± 0.068 (+6.7 SE) | 0.800 | 0.600 "
+            "| plan 0.500 -> 0.800, tool 1.000 -> 1.400 |") in text
+    assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 ± 0.041 (128) | - | 0.200 | 0.400 | - |" in text
     png = reproduce.plot_table(list(table.values()), tmp_path)
     assert os.path.getsize(png) > 10_000
     # roles started together: the untrained per-role team is the shared one, and its row stands for it
@@ -197,12 +207,33 @@ def test_aggregate_reports_before_after_mean_and_spread_per_method(tmp_path):
     assert "Before training, MAS + AT-GRPO, a model per role is the team of MAS + AT-GRPO, shared policy" in text
 
 
+def test_a_failed_seed_is_reported_as_failed_and_left_out_and_methods_are_compared_after_training():
+    before = {"rows": [_row("sa", 0.1), _row("mas", 0.5)]}
+    after = {"rows": [_row("sa_s0", 0.1), _row("sa_s1", 0.2), _row("mas_s0", 0.8), _row("mas_by_problem_s0", 0.6), _row("mas_by_problem_s1", 0.6)]}
+    failed = {"mas_s1": "training mas_s1 failed (exit 1); its log: x"}
+    sources = {"sa": "sa", "mas": "mas", "mas_by_problem": "mas"}
+    table = reproduce.aggregate(before, after, ["sa", "mas", "mas_by_problem"], [0, 1], sources, failed)
+    mas = next(row for row in table if row["method"] == "mas")
+    assert mas["after_pooled"] == 0.8 and mas["after_episodes"] == 64 and mas["failed_seeds"] == {1: failed["mas_s1"]}
+    assert next(row for row in table if row["method"] == "mas_by_problem")["before"] == 0.5  # the shared team's warm start
+    pairs = {(c["a"], c["b"]): c for c in reproduce.comparisons(table)}
+    assert pairs["MAS + AT-GRPO, shared policy", "SA + GRPO"]["diff"] == pytest.approx(0.65)
+    assert pairs["MAS + AT-GRPO, shared policy", "MAS + GRPO grouped by problem, shared policy"]["diff"] == pytest.approx(0.2)
+    text = reproduce.markdown(table, {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 60, "warm_starts": {},
+                                      "comparisons": reproduce.comparisons(table)})
+    assert "| MAS + AT-GRPO, shared policy | 0.500 ± 0.062 (64) | 0.800 ± 0.050 (64) | +0.300 ± 0.080 (+3.7 SE) | 0.800 | failed |" in text
+    assert "**MAS + AT-GRPO, shared policy, seed 1: training failed**, left out of the figures: training mas_s1 failed" in text
+    assert "- MAS + AT-GRPO, shared policy - MAS + GRPO grouped by problem, shared policy: +0.200 ± " in text
+
+
 def test_a_model_per_role_is_evaluated_before_training_only_when_its_roles_start_apart():
     start = lambda model: {"model": model, "warm_start": None}  # noqa: E731
     together = {"sa": {"shared": start("demos")}, "mas": {"shared": start("demos")},
                 "per_role": {"tool_policy": start("demos"), "plan_policy": start("demos")}}
     assert reproduce.before_sources(["sa", "mas", "per_role"], together) == {"sa": "sa", "mas": "mas", "per_role": "mas"}
     assert reproduce.before_sources(["per_role"], together) == {"per_role": "per_role"}  # no shared run to stand for it
+    grouped = {**together, "mas_by_problem": {"shared": start("demos")}}  # grouping matters only in training
+    assert reproduce.before_sources(["sa", "mas", "mas_by_problem"], grouped) == {"sa": "sa", "mas": "mas", "mas_by_problem": "mas"}
     apart = {**together, "per_role": {"tool_policy": start("demos"), "plan_policy": start("planner")}}
     assert reproduce.before_sources(["sa", "mas", "per_role"], apart) == {"sa": "sa", "mas": "mas", "per_role": "per_role"}
     other = {**together, "mas": {"shared": start("other")}}

@@ -1,10 +1,13 @@
 """Reproduce "MAS + AT-GRPO beats SA + GRPO" on CPU: ``python -m pettingllms_verl.eval.reproduce`` (``make reproduce``).
 
-Plan-Path 5x5, the tiny model warm-started by verl's SFT trainer on noisy demonstrations, and three
-methods with the same steps, replies per step and optimizer steps (``recipes/base/repro_plan_path.yaml``):
+Plan-Path 4x4 in one turn, the tiny model warm-started by verl's SFT trainer on noisy
+demonstrations, and four methods with the same steps, replies per step and optimizer steps
+(``recipes/base/repro_plan_path.yaml``):
 
 - ``sa``: SA + GRPO (the plan agent alone, ``plan_path_sa_grpo_repro_cpu``);
 - ``mas``: MAS + AT-GRPO, one policy shared by both roles (``plan_path_mas_atgrpo_repro_cpu``);
+- ``mas_by_problem``: the same with each reply's group keyed by its problem alone, not by (problem,
+  turn, agent, tree node) (``plan_path_mas_grpo_by_problem_repro_cpu``): the credit-assignment ablation;
 - ``per_role``: MAS + AT-GRPO, a model per role (``plan_path_mas_full_repro_cpu``), also evaluated
   with the two trained policies swapped.
 
@@ -12,16 +15,20 @@ Each method trains once per seed through ``main_ppo`` (validating on the val spl
 a run cut short and skips a finished one), ``--jobs`` runs at once. ``pettingllms-eval`` then plays each method's
 recipe at its warm start ("before") and each run's best step on val ("after") on the test split. ``--set`` can
 start the roles of ``per_role`` apart, e.g. ``--methods per_role --set
-++pettingllms.policies.plan_policy.overrides.model.path=DIR`` (``make reproduce-mixed-planner``). Writes to --out: ``reproduce.md`` and
-``reproduce.json`` (test success per method before and after training: mean, min and max over
-seeds, each seed's figure), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the evaluations
-(``before/``, ``after/``), the training logs (``logs/``) and checkpoints (``checkpoints/``).
+++pettingllms.policies.plan_policy.overrides.model.path=DIR``. A training run that fails is reported
+as failed (its seed is left out of the method's figures, and said so); the others go on. Writes to
+--out: ``reproduce.md`` and ``reproduce.json`` (test success per method before and after training:
+each seed's success and episodes, the success pooled over seeds with its binomial standard error, the
+gain over the warm start in standard errors of the difference, and the comparisons between methods),
+``reproduce.png`` (the same as bars), ``learning_curves.png``, the evaluations (``before/``,
+``after/``), the training logs (``logs/``) and checkpoints (``checkpoints/``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -32,16 +39,25 @@ from pathlib import Path
 
 from pettingllms_verl.eval import __main__ as evaluate
 from pettingllms_verl.eval import plots, runs
+from pettingllms_verl.eval.results import binomial_se
 
 METHODS = {  # name -> (recipe, what the tables call it)
     "sa": ("plan_path_sa_grpo_repro_cpu", "SA + GRPO"),
     "mas": ("plan_path_mas_atgrpo_repro_cpu", "MAS + AT-GRPO, shared policy"),
+    "mas_by_problem": ("plan_path_mas_grpo_by_problem_repro_cpu", "MAS + GRPO grouped by problem, shared policy"),
     "per_role": ("plan_path_mas_full_repro_cpu", "MAS + AT-GRPO, a model per role"),
 }
 
 
+MAS_TEAMS = ("mas", "mas_by_problem", "per_role")  # the methods that play the whole team
+
+
 class ReproduceError(Exception):
     """A bad argument or a failed run, said in one line."""
+
+
+class TrainingFailed(ReproduceError):
+    """A training run's main_ppo exited with an error: its seed is reported as failed, the others go on."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -129,22 +145,30 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if code != 0:
         tail = "".join(open(log_path, errors="replace").readlines()[-15:])
-        raise ReproduceError(f"training {label} failed (exit {code}); its log: {log_path}\n{tail}")
+        raise TrainingFailed(f"training {label} failed (exit {code}); its log: {log_path}\n{tail}")
     evaluate.say(f"[train {label}] done in {time.perf_counter() - started:.0f} s")
 
 
-def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict) -> None:
+def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict) -> dict[str, str]:
     """Every (seed, method) run from ``warm`` (method -> ``warm_start(args, method)``), ``--jobs`` at
-    once; after a failure the runs not started are dropped, those running finish (each resumes where
-    it stopped on the next invocation)."""
+    once. A run whose training fails is recorded and the others go on: returns label -> why, for the
+    failed ones. Any other error (a run from another warm start, Ctrl-C) drops the runs not started;
+    those running finish, and each resumes where it stopped on the next invocation."""
+    failed = {}
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process
-        futures = [pool.submit(train, method, seed, steps, args, out, warm[method]) for seed in args.seeds for method in args.methods]
+        futures = {pool.submit(train, method, seed, steps, args, out, warm[method]): run_label(method, seed)
+                    for seed in args.seeds for method in args.methods}
         try:
             for future in as_completed(futures):
-                future.result()
-        except BaseException:  # a failed run, Ctrl-C or an unexpected error: start no further main_ppo
+                try:
+                    future.result()
+                except TrainingFailed as error:
+                    evaluate.say(f"[train {futures[future]}] FAILED: reported as failed, the other runs go on")
+                    failed[futures[future]] = str(error).splitlines()[0]
+        except BaseException:
             pool.shutdown(cancel_futures=True)
             raise
+    return failed
 
 
 def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, swap: bool = True) -> dict:
@@ -170,14 +194,17 @@ def warm_start(args: argparse.Namespace, method: str) -> dict:
 
 
 def before_sources(methods: list[str], warm: dict) -> dict[str, str]:
-    """method -> the method whose "before" evaluation stands for it. Untrained, a model per role whose
-    roles all start from the shared policy's model is the shared team (same weights, same sampling):
-    playing it again would cost a launch for the same distribution. Started apart, it has its own."""
+    """method -> the method whose "before" evaluation stands for it. Untrained, a team whose roles
+    all start from the shared policy's model is the shared team (same weights, same sampling; how a
+    method groups its replies matters only in training): playing it again would cost a launch for the
+    same distribution. A model per role started apart has its own."""
     def models(method: str) -> set[str]:
         return {start["model"] for start in warm[method].values()}
 
-    together = "mas" in methods and "per_role" in methods and models("per_role") == models("mas")
-    return {method: "mas" if method == "per_role" and together else method for method in methods}
+    def same_team(method: str) -> bool:
+        return method in MAS_TEAMS and "mas" in methods and models(method) == models("mas")
+
+    return {method: "mas" if method != "mas" and same_team(method) else method for method in methods}
 
 
 def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict) -> dict:
@@ -203,25 +230,51 @@ def _role_rewards(row: dict | None) -> dict[str, float]:
     return {role: stats["reward_mean"] for role, stats in (row or {}).get("roles", {}).items()}
 
 
-def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], sources: dict[str, str] | None = None) -> list[dict]:
+def pooled(rows: list[dict]) -> tuple[float, int] | None:
+    """(success, episodes) of evaluations pooled: every episode counts once, whatever its seed."""
+    episodes = sum(row["episodes"] for row in rows)
+    return (sum(row["success"] * row["episodes"] for row in rows) / episodes, episodes) if episodes else None
+
+
+def difference(a: tuple[float, int] | None, b: tuple[float, int] | None) -> dict | None:
+    """a - b of two pooled success rates, with the binomial standard error of the difference and the
+    difference in those standard errors (``z``)."""
+    if not a or not b:
+        return None
+    se = math.sqrt(binomial_se(*a) ** 2 + binomial_se(*b) ** 2)
+    return {"diff": a[0] - b[0], "se": se, "z": (a[0] - b[0]) / se if se else None}
+
+
+def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], sources: dict[str, str] | None = None,
+              failed: dict[str, str] | None = None) -> list[dict]:
     """One row per method (and per-role swapped): test success before (the row of ``sources[method]``,
-    ``before_sources``; default its own), after per seed, mean/min/max; and per role its mean reward
-    before and after (mean over seeds): a role can learn while the team does not."""
+    ``before_sources``; default its own) and after, per seed and pooled over seeds with its standard
+    error, the gain over before in standard errors of the difference; per role its mean reward before
+    and after (mean over seeds: a role can learn while the team does not). A seed in ``failed``
+    (label -> why) is listed as failed and left out of every figure."""
     base = {row["label"]: row for row in before["rows"] if not row["swapped"]}
     table = []
     for method in methods:
         for swapped in ([False, True] if method == "per_role" else [False]):
             labels = {run_label(method, s): s for s in seeds}
             rows = {labels[row["label"]]: row for row in after["rows"] if row["swapped"] == swapped and row["label"] in labels}
-            per_seed = {seed: row["success"] for seed, row in rows.items()}
-            values = [per_seed[s] for s in seeds if s in per_seed]
+            done = [s for s in seeds if s in rows]
+            values = [rows[s]["success"] for s in done]
             start = base.get((sources or {}).get(method, method))  # the method's recipe at its warm start
-            after_roles = [_role_rewards(rows[s]) for s in seeds if s in rows]
+            start_pooled = (start["success"], start["episodes"]) if start else None
+            after_pooled = pooled([rows[s] for s in done])
+            after_roles = [_role_rewards(rows[s]) for s in done]
             table.append({
                 "method": method, "recipe": METHODS[method][0], "name": METHODS[method][1] + (", policies swapped" if swapped else ""), "swapped": swapped,
                 "before": start["success"] if start else None, "before_episodes": start["episodes"] if start else None,
-                "after_per_seed": per_seed, "after_mean": sum(values) / len(values) if values else None,
+                "before_se": binomial_se(*start_pooled) if start_pooled else None,
+                "after_per_seed": {s: rows[s]["success"] for s in done}, "after_episodes_per_seed": {s: rows[s]["episodes"] for s in done},
+                "failed_seeds": {s: (failed or {})[label] for label, s in labels.items() if label in (failed or {})},
+                "after_mean": sum(values) / len(values) if values else None,
                 "after_min": min(values) if values else None, "after_max": max(values) if values else None,
+                "after_pooled": after_pooled[0] if after_pooled else None, "after_episodes": after_pooled[1] if after_pooled else 0,
+                "after_se": binomial_se(*after_pooled) if after_pooled else None,
+                "gain": None if swapped else difference(after_pooled, start_pooled),
                 "role_reward_before": _role_rewards(start),
                 "role_reward_after": {role: sum(r[role] for r in after_roles) / len(after_roles)
                                       for role in sorted(set().union(*after_roles)) if all(role in r for r in after_roles)},
@@ -229,30 +282,60 @@ def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], s
     return table
 
 
+# (a, b): the after-training comparisons the reproduction reports, by method (and swapped)
+COMPARISONS = [(("mas", False), ("sa", False)), (("per_role", False), ("sa", False)), (("mas", False), ("mas_by_problem", False)),
+               (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False))]
+
+
+def comparisons(table: list[dict]) -> list[dict]:
+    """After training, each pair of ``COMPARISONS`` present in ``table``: a - b pooled over seeds."""
+    rows = {(row["method"], row["swapped"]): row for row in table}
+    found = []
+    for a, b in COMPARISONS:
+        if a in rows and b in rows:
+            diff = difference(*(((rows[k]["after_pooled"], rows[k]["after_episodes"]) if rows[k]["after_episodes"] else None) for k in (a, b)))
+            if diff:
+                found.append({"a": rows[a]["name"], "b": rows[b]["name"], **diff})
+    return found
+
+
+def _diff_text(diff: dict | None) -> str:
+    return "-" if diff is None else f"{diff['diff']:+.3f} ± {diff['se']:.3f} ({diff['z']:+.1f} SE)"
+
+
 def markdown(table: list[dict], meta: dict) -> str:
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     lines = [
-        "# Reproduction: Plan-Path 5x5, tiny model warm-started on noisy demonstrations",
+        "# Reproduction: Plan-Path 4x4 in one turn, tiny model warm-started on noisy demonstrations",
         "",
         f"Test success (share of {meta['episodes']} test problems solved, sampled at T = 1), before training (the warm start) "
-        f"and after {meta['steps']} steps (each run's best step on val), over seeds {', '.join(map(str, meta['seeds']))}. "
+        f"and after {meta['steps']} steps (each run's best step on val), over seeds {', '.join(map(str, meta['seeds']))}: "
+        "pooled over seeds (every episode counts once) ± its binomial standard error (episodes), and the gain over the warm "
+        "start in standard errors of the difference. "
         f"This invocation took {meta['wall_s'] / 60:.0f} min, not counting the warm start and data made before it "
         "(`make reproduce` makes both) nor training runs kept from an earlier invocation.",
         "",
-        "| method | before | after: mean | min - max | " + " | ".join(f"seed {s}" for s in meta["seeds"]) + " | role reward: before -> after (mean) |",
+        "| method | before | after | gain | " + " | ".join(f"seed {s}" for s in meta["seeds"]) + " | role reward: before -> after (mean) |",
         "|---|---|---|---|" + "---|" * len(meta["seeds"]) + "---|",
     ]
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for row in table:
         roles = ", ".join(f"{role} {fmt(row['role_reward_before'].get(role))} -> {fmt(reward)}" for role, reward in row["role_reward_after"].items())
-        cells = [row["name"], "-" if row["swapped"] else fmt(row["before"]), fmt(row["after_mean"]),
-                 f"{fmt(row['after_min'])} - {fmt(row['after_max'])}"] + [fmt(row["after_per_seed"].get(s)) for s in meta["seeds"]] + [roles or "-"]
-        lines.append("| " + " | ".join(cells) + " |")
+        before = "-" if row["swapped"] or row["before"] is None else f"{row['before']:.3f} ± {row['before_se']:.3f} ({row['before_episodes']})"
+        after = "-" if row["after_pooled"] is None else f"{row['after_pooled']:.3f} ± {row['after_se']:.3f} ({row['after_episodes']})"
+        seeds = ["failed" if s in row["failed_seeds"] else fmt(row["after_per_seed"].get(s)) for s in meta["seeds"]]
+        lines.append("| " + " | ".join([row["name"], before, after, _diff_text(row["gain"]), *seeds, roles or "-"]) + " |")
+    lines += ["", "After training, pooled over seeds (a - b ± the standard error of the difference):", ""]
+    lines += [f"- {c['a']} - {c['b']}: {_diff_text(c)}" for c in meta.get("comparisons", [])] or ["- (no pair of methods ran)"]
     lines += ["", "Role reward: the mean reward of a role's replies in the test episodes (`before/` and `after/results.json`).",
               "", "Warm starts: " + "; ".join(f"{METHODS[method][1]}: " + ", ".join(f"{policy} `{model}`" for policy, model in policies.items())
                                               for method, policies in meta["warm_starts"].items()) + "."]
     for method, source in meta.get("before_of", {}).items():
         lines += ["", f"Before training, {METHODS[method][1]} is the team of {METHODS[source][1]} (every role from the same model): "
                   "one evaluation stands for both."]
+    for row in table:
+        for seed, why in row["failed_seeds"].items():
+            if not row["swapped"]:
+                lines += ["", f"**{row['name']}, seed {seed}: training failed**, left out of the figures: {why}"]
     return "\n".join(lines) + "\n"
 
 
@@ -304,25 +387,32 @@ def main(argv: list[str] | None = None) -> int:
         if before is None:
             before = evaluate_runs(before_specs, args, out / "before", swap=False)
             (out / "before" / "fingerprint.json").write_text(json.dumps(fingerprint(before_specs, args, warm)))
-        train_all(steps, args, out, warm)
-        after_specs = [f"{run_label(m, s)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, s)}" for s in args.seeds for m in args.methods]
-        after = evaluate_runs(after_specs, args, out / "after")
+        failed = train_all(steps, args, out, warm)
+        after_specs = [f"{run_label(m, s)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, s)}"
+                       for s in args.seeds for m in args.methods if run_label(m, s) not in failed]
+        after = evaluate_runs(after_specs, args, out / "after") if after_specs else {"rows": []}
     except (ReproduceError, runs.EvalError) as error:
         print(f"reproduce: {error}", file=sys.stderr)
         return 1
-    table = aggregate(before, after, args.methods, args.seeds, sources)
+    table = aggregate(before, after, args.methods, args.seeds, sources, failed)
     meta = {"steps": steps, "seeds": args.seeds, "episodes": next((r["episodes"] for r in after["rows"]), None),
             "wall_s": time.perf_counter() - started, "overrides": args.overrides,
             "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm[m].items()} for m in args.methods},
-            "before_of": {m: source for m, source in sources.items() if source != m}}
+            "before_of": {m: source for m, source in sources.items() if source != m},
+            "comparisons": comparisons(table), "failed": failed}
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": table}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
-    curves = [f"--curves={m}=" + ",".join(str(out / "logs" / f"{run_label(m, s)}.jsonl") for s in args.seeds) for m in args.methods]
+    logs = {m: [str(out / "logs" / f"{run_label(m, s)}.jsonl") for s in args.seeds if run_label(m, s) not in failed] for m in args.methods}
+    curves = [f"--curves={m}=" + ",".join(files) for m, files in logs.items() if files]
     if plots.main([*curves, "--out", str(out)]) != 0:
         print("reproduce: the learning curves could not be drawn (see above); the table is written", file=sys.stderr)
     plot_table(table, out)
     print(markdown(table, meta))
     print(f"wrote {out}/reproduce.md, reproduce.json, reproduce.png, learning_curves.png")
+    if failed:
+        print(f"reproduce: {len(failed)} training run(s) failed and are reported as failed: {', '.join(sorted(failed))} "
+              "(run the same command again to retry them; finished runs are kept)", file=sys.stderr)
+        return 1
     return 0
 
 
