@@ -3,7 +3,6 @@ verl.trainer.main_ppo` on CPU: routing by adapter, isolation of the adapters and
 per-adapter optimizer state and LR schedule, peft export, kill-and-resume, a frozen adapter and
 the swapped-policy switch, checked on what the run served, trained and saved."""
 
-import json
 
 import pytest
 import torch

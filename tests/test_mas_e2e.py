@@ -5,11 +5,12 @@ training batch."""
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections import defaultdict
 
 import pytest
+
+import launch
 
 RECIPES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "recipes"))
 K = 4
@@ -35,9 +36,8 @@ def dumped_rows(dump) -> list[dict]:
 
 def run_recipe(artifacts, recipe, *overrides):
     metrics_path = artifacts / f"{recipe}.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", recipe, *overrides],
-        capture_output=True, text=True, timeout=1200, cwd=artifacts,
+    result = launch.main_ppo(
+        "--config-path", RECIPES, "--config-name", recipe, *overrides, timeout=1200, cwd=artifacts,
         env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)},
     )
     assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
@@ -138,12 +138,11 @@ def test_two_data_parallel_ranks_get_whole_groups_and_keep_sharing_their_prompts
     The plan role samples at temperature 2.0, the rollout at 1.0: its rows are still trained at the
     temperature they were sampled at (off-policy, the rollout/actor gap was 0.076 instead of < 1e-5)."""
     metrics_path = artifacts / "dp2.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "plan_path_mas_atgrpo_cpu",
-         "trainer.n_gpus_per_node=2", "data.train_batch_size=4", "+pettingllms.trainer.mini_batches_per_step=1",
-         "trainer.total_training_steps=2", "trainer.save_freq=-1", f"trainer.default_local_dir={artifacts / 'dp2_checkpoints'}",
-         "actor_rollout_ref.actor.use_kl_loss=true", "++pettingllms.roles.plan.sampling.temperature=2.0"],
-        capture_output=True, text=True, timeout=1200, cwd=artifacts,
+    result = launch.main_ppo(
+        "--config-path", RECIPES, "--config-name", "plan_path_mas_atgrpo_cpu",
+        "trainer.n_gpus_per_node=2", "data.train_batch_size=4", "+pettingllms.trainer.mini_batches_per_step=1",
+        "trainer.total_training_steps=2", "trainer.save_freq=-1", f"trainer.default_local_dir={artifacts / 'dp2_checkpoints'}",
+        "actor_rollout_ref.actor.use_kl_loss=true", "++pettingllms.roles.plan.sampling.temperature=2.0", timeout=1200, cwd=artifacts,
         env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)},
     )
     assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])

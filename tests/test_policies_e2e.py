@@ -5,7 +5,6 @@ checked on what the run served, trained and saved."""
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections import defaultdict
 
@@ -14,6 +13,7 @@ import torch
 
 from pettingllms_verl.eval.reproduce import finished_steps
 
+import launch
 from kill import kill_when
 from test_mas_e2e import RECIPES, dumped_rows, run_recipe
 
@@ -218,10 +218,10 @@ def test_eval_command_plays_the_chosen_checkpoint_as_trained_and_swapped_and_a_s
     assert any(key.startswith("val-core/plan_path/") for key in saved_val["metrics"])
     assert not (checkpoints / "global_step_2" / "val_metrics.json").exists()  # validated at step 3 only
     out = artifacts / "eval"
-    result = subprocess.run(
+    result = launch.run(
         [sys.executable, "-m", "pettingllms_verl.eval", f"l2=plan_path_mas_full_cpu@{checkpoints}", "sa=plan_path_sa_grpo_cpu",
          "--episodes", "3", "--out", str(out), "--recipes", RECIPES],
-        capture_output=True, text=True, timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
+        timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {(row["label"], row["swapped"]): row for row in json.load(open(out / "results.json"))["rows"]}

@@ -5,10 +5,11 @@ resumes from the checkpoint and continues the step count."""
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
+
+import launch
 
 from pettingllms_verl.eval.reproduce import finished_steps
 
@@ -24,10 +25,10 @@ def quickstart_env(artifacts, metrics_path) -> dict:
 
 def run_quickstart(artifacts, model_dir, total_steps, metrics_path, overrides=(), output=None):
     env = quickstart_env(artifacts, metrics_path)
-    result = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "quickstart_cpu",
-         f"actor_rollout_ref.model.path={model_dir}", f"trainer.total_training_steps={total_steps}", *overrides],
-        capture_output=True, text=True, timeout=900, cwd=artifacts, env=env,
+    result = launch.main_ppo(
+        "--config-path", RECIPES, "--config-name", "quickstart_cpu",
+        f"actor_rollout_ref.model.path={model_dir}", f"trainer.total_training_steps={total_steps}", *overrides,
+        timeout=900, cwd=artifacts, env=env,
     )
     assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
     if output is not None:

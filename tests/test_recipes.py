@@ -9,7 +9,6 @@ data_prep command writes fails here rather than minutes into a run.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import re
 import runpy

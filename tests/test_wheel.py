@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+import launch
+
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
 def _run(argv, **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=900, **kwargs)
+    result = launch.run(argv, timeout=900, **kwargs)  # pip, and main_ppo once more if Ray did not start
     assert result.returncode == 0, (argv, result.stdout[-3000:], result.stderr[-3000:])
     return result
 
