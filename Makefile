@@ -128,9 +128,10 @@ real-before-after: $(call recipe_needs,$(REAL_RUN))  ## the real model on Plan-P
 # groups keyed by problem alone, 3 seeds each, evaluated on 512 test problems before and after
 # training (docs/reproduction.md). A rerun keeps finished training runs.
 REPRO_ENV := {"size": 4, "wall_density": 0.3, "max_turns": 1}
-# how often each demonstrated reply is the right one (models/demos.py): the tool's BFS program half the
-# time, the planner's exact copy of the tool's output 7 times in 10, the lone planner's shortest path 3 in 10
-REPRO_DEMOS := {"tool": 0.5, "copy": 0.7, "plan": 0.3}
+# how often each demonstrated reply is the right one (models/demos.py): the tool writes the BFS program
+# half the time (the planner so sees as many of its outputs as of the wall-blind ones), the planner copies
+# the tool's output always, the lone planner answers a shortest path 3 times in 10
+REPRO_DEMOS := {"tool": 0.5, "copy": 1.0, "plan": 0.3}
 # a warm start older than the demonstrations' code is built again (the SFT command keeps an existing model)
 $(ARTIFACTS)/tiny_model_plan_path_demos/config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/tiny_model/config.json
 	rm -rf $(@D)
