@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
-NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_full|mas_lora|sa_grpo)_(?P<target>cpu|smollm2_cpu|repro_cpu|qwen3_1p7b|qwen3_8b)$")
+NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_full|mas_lora|sa_grpo)_(?P<target>cpu|smollm2_cpu|repro_cpu|qwen3_1p7b|qwen3_8b)$")
 CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu")  # the tiny model / the real SmolLM2-135M (make real-model) / make reproduce
 EPISODE_RECIPES = [name for name in RECIPES if NAME.match(name)]
 GPU_RECIPES = [name for name in EPISODE_RECIPES if NAME.match(name)["target"] not in CPU_TARGETS]
@@ -246,7 +246,9 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
     rollout = cfg.actor_rollout_ref.rollout
     assert rollout.agent.agent_loop_manager_class == MAS_MANAGER
     assert cfg.trainer.v1.trainer_mode == "mas_sync"
-    if parts["mode"] in ("mas_atgrpo", "mas_full", "mas_lora"):
+    # mas_grpo_by_problem: the credit-assignment ablation, AT-GRPO's tree with groups keyed by problem alone
+    assert (list(settings.group_by) == []) == (parts["mode"] == "mas_grpo_by_problem")
+    if parts["mode"] in ("mas_atgrpo", "mas_grpo_by_problem", "mas_full", "mas_lora"):
         assert (settings.workflow, settings.rollout_mode, cfg.algorithm.adv_estimator) == ("mas", "tree", "at_grpo")
         assert rollout.n == 1 and settings.k > 1  # the K branches live inside one tree
     else:
