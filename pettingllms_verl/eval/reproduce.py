@@ -287,13 +287,18 @@ COMPARISONS = [(("mas", False), ("sa", False)), (("per_role", False), ("sa", Fal
                (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False))]
 
 
+def _after(row: dict) -> tuple[float, int] | None:
+    """A table row's (pooled success, episodes) after training; None when no seed finished."""
+    return (row["after_pooled"], row["after_episodes"]) if row["after_episodes"] else None
+
+
 def comparisons(table: list[dict]) -> list[dict]:
     """After training, each pair of ``COMPARISONS`` present in ``table``: a - b pooled over seeds."""
     rows = {(row["method"], row["swapped"]): row for row in table}
     found = []
     for a, b in COMPARISONS:
         if a in rows and b in rows:
-            diff = difference(*(((rows[k]["after_pooled"], rows[k]["after_episodes"]) if rows[k]["after_episodes"] else None) for k in (a, b)))
+            diff = difference(_after(rows[a]), _after(rows[b]))
             if diff:
                 found.append({"a": rows[a]["name"], "b": rows[b]["name"], **diff})
     return found
