@@ -21,7 +21,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install model real-model real-before-after reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-gpu bench clean
+.PHONY: help run install model real-model real-before-after reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -154,8 +154,22 @@ quickstart: model data  ## install, build the tiny model and data, train QUICKST
 # Test files run TEST_JOBS at a time (pytest-xdist; one file per worker, so a file's module-scoped
 # main_ppo run happens once): an end-to-end main_ppo run keeps about one core busy, so 2 on 2 cores.
 TEST_JOBS ?= 2
-test: $(VENV)/.installed real-model  ## the whole test suite (about 20 minutes on 2 cores)
+test: $(VENV)/.installed real-model  ## the whole test suite: the main tier (about 20 minutes on 2 cores), then the vLLM tier
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	@$(MAKE) --no-print-directory test-vllm
+
+# The vLLM tier (tests/vllm): vLLM's CPU build runs verl's own vLLM servers for L0, L1 and L2. It
+# needs a second environment, .venv-vllm (torch 2.11 for vLLM's kernels, where the main one has
+# 2.13): tests/vllm/install.sh builds it (about 5 minutes and 6 GB the first time).
+VENV_VLLM := $(CURDIR)/.venv-vllm
+$(VENV_VLLM)/.installed: tests/vllm/install.sh tests/vllm/alias/pyproject.toml pyproject.toml constraints.txt
+	PYTHON=$(PYTHON) bash tests/vllm/install.sh $(VENV_VLLM)
+	touch $@
+
+install-vllm: $(VENV_VLLM)/.installed  ## build .venv-vllm: vLLM's CPU build, torch 2.11, this package (the vLLM tier's environment)
+
+test-vllm: $(VENV_VLLM)/.installed  ## the vLLM tier alone (tests/vllm, in .venv-vllm)
+	$(VENV_VLLM)/bin/python -m pytest -q tests/vllm
 
 test-fast: $(VENV)/.installed real-model  ## the tests not marked slow (the edit loop)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"

@@ -7,7 +7,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import importlib.util
+
 import pytest
+
+# tests/vllm is the vLLM tier: it runs in .venv-vllm (`make test-vllm`, part of `make test`), where
+# vLLM's CPU build is installed; the main environment has no vLLM to run it with.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

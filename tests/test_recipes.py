@@ -22,8 +22,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
-NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_full|mas_lora|sa_grpo)_(?P<target>cpu|smollm2_cpu|repro_cpu|qwen3_1p7b|qwen3_8b)$")
-CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu")  # the tiny model / the real SmolLM2-135M (make real-model) / make reproduce
+NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_full|mas_lora|sa_grpo)_(?P<target>cpu|smollm2_cpu|repro_cpu|vllm_cpu|qwen3_1p7b|qwen3_8b)$")
+# the tiny model / the real SmolLM2-135M (make real-model) / make reproduce / vLLM's CPU build (make test-vllm)
+CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu", "vllm_cpu")
 EPISODE_RECIPES = [name for name in RECIPES if NAME.match(name)]
 GPU_RECIPES = [name for name in EPISODE_RECIPES if NAME.match(name)["target"] not in CPU_TARGETS]
 GPU_MODELS = {"qwen3_1p7b": ("Qwen/Qwen3-1.7B", 1), "qwen3_8b": ("Qwen/Qwen3-8B", 2)}  # model, vLLM TP
@@ -254,7 +255,10 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
     else:
         assert (settings.workflow, settings.rollout_mode, cfg.algorithm.adv_estimator) == ("sa", "independent", "grpo")
         assert rollout.n > 1  # the GRPO group
-    if parts["target"] in CPU_TARGETS:
+    if parts["target"] == "vllm_cpu":  # the vLLM tier: verl's vLLM server (adapters: several per server)
+        assert (cfg.trainer.device, rollout.name) == ("cpu", "vllm_multilora" if parts["mode"] == "mas_lora" else "vllm")
+        assert rollout.enable_prefix_caching and not rollout.enable_sleep_mode
+    elif parts["target"] in CPU_TARGETS:
         assert (cfg.trainer.device, rollout.name) == ("cpu", "hf")
     else:  # vLLM, except several policies: the hf replica (see pettingllms_verl/preflight.py, README)
         assert (cfg.trainer.device, rollout.name) == ("cuda", "hf" if parts["mode"] in ("mas_full", "mas_lora") else "vllm")
