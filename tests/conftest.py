@@ -11,9 +11,9 @@ import importlib.util
 
 import pytest
 
-# tests/vllm is the vLLM tier: it runs in .venv-vllm (`make test-vllm`, part of `make test`), where
+# tests/vllm_tier is the vLLM tier: it runs in .venv-vllm (`make test-vllm`, part of `make test`), where
 # vLLM's CPU build is installed; the main environment has no vLLM to run it with.
-collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_tier"]
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

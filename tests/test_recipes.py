@@ -431,7 +431,9 @@ def test_passes_preflight_once_its_model_and_data_exist(name, recipe, datasets, 
     data_prep command the recipe documents) pass the driver's checks; a local dir stands in for the model."""
     from pettingllms_verl.preflight import check
 
-    monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: True)  # GPU recipes, checked on CPU
+    # the vLLM recipes (GPU, and the vLLM tier's), checked where vLLM is not installed
+    monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: True)
+    monkeypatch.setattr("pettingllms_verl.preflight._vllm_distribution", lambda: "0.24.0")
     cfg = recipe(name)[0].copy()
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(tmp_path)

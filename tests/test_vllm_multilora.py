@@ -117,6 +117,7 @@ def test_engine_overrides_hold_every_adapter():
     assert ml.server_engine_overrides(TABLE) == {"enable_lora": True, "max_loras": 3, "max_cpu_loras": 3, "max_lora_rank": 32}
     assert ml.server_engine_overrides({"planner": TABLE["planner"]})["max_loras"] == 1
     assert ml.server_engine_overrides({}) == {}
+    assert ml.server_engine_overrides(TABLE, max_lora_rank=64)["max_lora_rank"] == 64  # asked in engine_kwargs.vllm
 
 
 def test_request_fields_per_adapter():

