@@ -12,6 +12,6 @@ def plan_path_artifacts(tmp_path_factory, warm_model):
 
     root = tmp_path_factory.mktemp("vllm")
     warm_model("plan_path", root / "tiny_model_plan_path")
-    for split, rows in generate_splits("plan_path", {"train": 32, "val": 4}, {"size": 6}).items():
+    for split, rows in generate_splits("plan_path", {"train": 32, "val": 4, "test": 3}, {"size": 6}).items():
         write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
     return root

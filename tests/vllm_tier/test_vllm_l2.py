@@ -2,9 +2,14 @@
 by the policy), through `python -m verl.trainer.main_ppo` on vLLM's CPU build: each policy's weights
 synced into its own server after every step."""
 
+import json
+import os
+import sys
+
 import pytest
 
-from vllm_runs import PROB_GAP, STEPS, assert_served_by_own_policy, train, weight_versions
+import launch
+from vllm_runs import PROB_GAP, RECIPES, STEPS, assert_served_by_own_policy, train, weight_versions
 
 RECIPE = "plan_path_mas_full_vllm_cpu"
 POLICY_OF = {"tool": "tool_policy", "plan": "plan_policy"}
@@ -12,7 +17,7 @@ POLICY_OF = {"tool": "tool_policy", "plan": "plan_policy"}
 
 @pytest.fixture(scope="module")
 def run(plan_path_artifacts):
-    return train(plan_path_artifacts, RECIPE)
+    return train(plan_path_artifacts, RECIPE, f"trainer.test_freq={STEPS}")  # validated at the last step: eval picks it
 
 
 def test_three_steps_train_both_policies(run):
@@ -35,3 +40,25 @@ def test_each_policys_weights_reach_its_server_after_every_step(run):
     for step, data in enumerate(metrics, start=1):
         for policy in POLICY_OF.values():
             assert data[f"policy/{policy}/training/rollout_probs_diff_max"] < PROB_GAP, (step, policy)
+
+
+def test_eval_plays_the_checkpoint_through_the_vllm_servers_as_trained_and_swapped(run, plan_path_artifacts):
+    """``pettingllms-eval`` on the trained checkpoint: each policy's weights loaded into its own vLLM
+    server, played as trained and swapped (each role answered by the other role's server)."""
+    checkpoints = plan_path_artifacts / "checkpoints" / RECIPE
+    out = plan_path_artifacts / "eval"
+    result = launch.run(
+        [sys.executable, "-m", "pettingllms_verl.eval", f"l2={RECIPE}@{checkpoints}", "--episodes", "3", "--out", str(out),
+         "--recipes", RECIPES],
+        timeout=1200, cwd=plan_path_artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(plan_path_artifacts)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {row["swapped"]: row for row in json.load(open(out / "results.json"))["rows"]}
+    assert rows[False]["step"] == STEPS and rows[True]["swap"] == ["plan_policy", "tool_policy"]
+    assert all(row["episodes"] == 3 for row in rows.values())
+    episodes = [json.loads(line) for line in open(out / "episodes.jsonl")]
+    assert len(episodes) == 6
+    other = {"tool": "plan", "plan": "tool"}
+    for episode in episodes:
+        served = {role: POLICY_OF[other[role] if episode["swapped"] else role] for role in POLICY_OF}
+        assert episode["served_by"] == {role: [policy] for role, policy in served.items()}
