@@ -479,6 +479,31 @@ def _check_agreement(config: DictConfig) -> None:
     if _select(config, "pettingllms") is not None:
         _check_one_temperature(config, mas)
     _check_vllm(config)
+    _check_megatron(config)
+
+
+def _check_megatron(config: DictConfig) -> None:
+    """verl's Megatron actor (``actor.strategy=megatron``) per policy mode: one shared policy (L0) and
+    a full model per role (L2) run in verl's own hybrid worker, whichever engine it builds; what this
+    package adds to the engine is FSDP-only and is refused with it: the adapters on one base (L1:
+    ``_check_adapters``), the shared-prefix forward, a temperature per role (``_check_one_temperature``)."""
+    from pettingllms_verl.config import ADAPTER_GROUP, load, policy_config
+
+    groups = load(_select(config, "pettingllms")).groups() if _select(config, "pettingllms") is not None else {None: []}
+    for group in groups:
+        if group == ADAPTER_GROUP:
+            continue
+        seen = policy_config(config, group) if group is not None else config
+        if _select(seen, "actor_rollout_ref.actor.strategy") != "megatron":
+            continue
+        where = "actor_rollout_ref.actor" if group is None or not _select(config, f"pettingllms.policies.{group}.overrides.actor.strategy") \
+            else f"pettingllms.policies.{group}.overrides.actor"
+        if _select(config, "trainer.device") == "cpu":
+            raise ConfigError(f"{where}.strategy", "megatron on CPU: Megatron-LM runs on CUDA devices only", "use fsdp2 on CPU")
+        if _select(seen, "actor_rollout_ref.actor.use_prefix_grouper"):
+            raise ConfigError("actor_rollout_ref.actor.use_prefix_grouper", "the shared-prefix forward is part of this "
+                              "package's FSDP engine (trainer/shared_prefix.py); verl's Megatron engine has none",
+                              "set actor_rollout_ref.actor.use_prefix_grouper=false, or actor.strategy=fsdp2")
 
 
 def _tokenizer_vocab(path: str) -> dict | None:

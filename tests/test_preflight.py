@@ -394,3 +394,20 @@ def test_vllm_with_a_model_per_role_serves_each_policy_from_servers_named_by_it(
     assert {policy_config(cfg, group).actor_rollout_ref.rollout.name for group in ("a", "b")} == {VLLM_PER_POLICY}
     single = mas_config(tmp_path, **{"data.train_files": plan_path_rows, "actor_rollout_ref.rollout.name": "vllm"})
     assert policy_config(single, "shared").actor_rollout_ref.rollout.name == "vllm"  # L0: verl's own
+
+
+def test_megatron_runs_one_shared_policy_and_full_models_per_role_and_refuses_what_is_fsdp_only(tmp_path, plan_path_rows, tiny_model_dir):
+    """verl's Megatron actor: L0 and L2 pass (verl's own worker builds the engine); the shared-prefix
+    forward, the adapters of L1 and CPU devices are refused, each naming its key."""
+    gpu = {"trainer.device": "cuda", "actor_rollout_ref.actor.strategy": "megatron"}
+    check(mas_config(tmp_path, **{"data.train_files": plan_path_rows, **gpu}))
+    check(two_policies(tmp_path, plan_path_rows, **gpu))
+    with pytest.raises(ConfigError, match="shared-prefix forward is part of this package's FSDP engine") as error:
+        check(mas_config(tmp_path, **{"data.train_files": plan_path_rows, **gpu, "actor_rollout_ref.actor.use_prefix_grouper": "true"}))
+    assert error.value.key == "actor_rollout_ref.actor.use_prefix_grouper"
+    with pytest.raises(ConfigError, match="megatron on CPU: Megatron-LM runs on CUDA devices only") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{"trainer.device": "cpu", "pettingllms.policies.b.overrides.actor.strategy": "megatron"}))
+    assert error.value.key == "pettingllms.policies.b.overrides.actor.strategy"
+    with pytest.raises(ConfigError, match="several adapters on one base need FSDP2") as error:
+        check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **gpu))
+    assert error.value.key == "actor_rollout_ref.actor.strategy"
