@@ -260,8 +260,8 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
         assert rollout.enable_prefix_caching and not rollout.enable_sleep_mode
     elif parts["target"] in CPU_TARGETS:
         assert (cfg.trainer.device, rollout.name) == ("cpu", "hf")
-    else:  # vLLM, except several policies: the hf replica (see pettingllms_verl/preflight.py, README)
-        assert (cfg.trainer.device, rollout.name) == ("cuda", "hf" if parts["mode"] in ("mas_full", "mas_lora") else "vllm")
+    else:  # vLLM; adapters: several per server
+        assert (cfg.trainer.device, rollout.name) == ("cuda", "vllm_multilora" if parts["mode"] == "mas_lora" else "vllm")
         assert (cfg.actor_rollout_ref.model.path, rollout.tensor_model_parallel_size) == GPU_MODELS[parts["target"]]
         assert rollout.enable_prefix_caching  # the K branches and later turns of an episode share their prompt's KV
     assert cfg.trainer.default_local_dir == f"{artifacts}/checkpoints/{name}"
