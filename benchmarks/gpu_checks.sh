@@ -8,6 +8,11 @@
 # xdist workers) and the three modes run side by side (16 cores, one GPU with room for all); the
 # benchmark runs first, alone.
 #
+# Everything here uses the `hf` rollout: vLLM cannot be brought to such a machine (no package index,
+# and its wheel alone is larger than what travels). The vLLM path runs on CPU in the vLLM tier
+# (`make test-vllm`); what only a GPU would show stays unchecked: sleep mode (levels 1 and 2),
+# tensor parallelism, gpu_memory_utilization, CUDA IPC weight transfer, CUDA graphs (docs/gpus.md).
+#
 #   bash benchmarks/gpu_checks.sh OUT_DIR     (python3 must import torch with CUDA, verl and pettingllms_verl)
 set -u
 out=${1:?usage: bash benchmarks/gpu_checks.sh OUT_DIR}
