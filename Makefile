@@ -6,6 +6,8 @@
 # at spaces: an override with a space or a quote in it belongs in a recipe, or on main_ppo's own command line.
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
+# the vLLM tier's environment (make test-vllm)
+VENV_VLLM := $(CURDIR)/.venv-vllm
 # The Python that runs everything: this venv (installed on first use), or yours: make ... PY=python
 PY := $(VENV)/bin/python
 INSTALLED := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)
@@ -154,14 +156,14 @@ quickstart: model data  ## install, build the tiny model and data, train QUICKST
 # Test files run TEST_JOBS at a time (pytest-xdist; one file per worker, so a file's module-scoped
 # main_ppo run happens once): an end-to-end main_ppo run keeps about one core busy, so 2 on 2 cores.
 TEST_JOBS ?= 2
-test: $(VENV)/.installed real-model  ## the whole test suite: the main tier (about 20 minutes on 2 cores), then the vLLM tier
+# .venv-vllm is built first: a machine that cannot build it (no libnuma) says so before the main tier's 20 minutes
+test: $(VENV)/.installed $(VENV_VLLM)/.installed real-model  ## the whole test suite: the main tier (about 20 minutes on 2 cores), then the vLLM tier
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 	@$(MAKE) --no-print-directory test-vllm
 
 # The vLLM tier (tests/vllm_tier): vLLM's CPU build runs verl's own vLLM servers for L0, L1 and L2. It
 # needs a second environment, .venv-vllm (torch 2.11 for vLLM's kernels, where the main one has
-# 2.13): tests/vllm_tier/install.sh builds it (about 5 minutes and 6 GB the first time).
-VENV_VLLM := $(CURDIR)/.venv-vllm
+# 2.13): tests/vllm_tier/install.sh builds it (a few minutes and 7 GB the first time).
 $(VENV_VLLM)/.installed: tests/vllm_tier/install.sh tests/vllm_tier/alias/pyproject.toml pyproject.toml constraints.txt
 	PYTHON=$(PYTHON) bash tests/vllm_tier/install.sh $(VENV_VLLM)
 	touch $@

@@ -340,7 +340,22 @@ def _vllm_distribution() -> str | None:
 
 
 VERL_MIN_VLLM = "0.18.0"  # verl 0.9.1's vLLM modules refuse older (verl/third_party/vllm/__init__.py)
-VLLM_MAX_LORA_RANK = 512  # the largest max_lora_rank vLLM 0.24 accepts (vllm/config/lora.py, MaxLoRARanks)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.24 takes (vllm/config/lora.py)
+
+
+def _policy_views(config: DictConfig) -> list[tuple[str | None, DictConfig]]:
+    """(worker group, the config its workers see) for each group; (None, config) without a pettingllms section."""
+    from pettingllms_verl.config import load, policy_config
+
+    if _select(config, "pettingllms") is None:
+        return [(None, config)]
+    return [(group, policy_config(config, group)) for group in load(_select(config, "pettingllms")).groups()]
+
+
+def _where(config: DictConfig, group: str | None, key: str) -> str:
+    """The key a group's ``actor_rollout_ref.<key>`` was set by: its policy's overrides, else the run's."""
+    override = f"pettingllms.policies.{group}.overrides.{key}"
+    return override if group is not None and _select(config, override) is not None else f"actor_rollout_ref.{key}"
 
 
 def _check_vllm(config: DictConfig) -> None:
@@ -348,10 +363,11 @@ def _check_vllm(config: DictConfig) -> None:
     refuses, sleep mode on CPU, an adapter above the server's LoRA rank."""
     from packaging.version import Version
 
-    key = "actor_rollout_ref.rollout.name"
-    rollout = _select(config, key)
-    if rollout not in ("vllm", "vllm_multilora"):
+    views = [(group, view) for group, view in _policy_views(config)
+             if _select(view, "actor_rollout_ref.rollout.name") in ("vllm", "vllm_multilora")]
+    if not views:
         return
+    key = _where(config, views[0][0], "rollout.name")
     if not _vllm_installed():
         raise ConfigError(key, "vllm is not installed here",
                           "install vLLM (GPU machines: pip install vllm; CPU: make install-vllm), or set "
@@ -364,25 +380,28 @@ def _check_vllm(config: DictConfig) -> None:
     if Version(found) < Version(VERL_MIN_VLLM):
         raise ConfigError(key, f"vllm {found}: verl 0.9.1 runs vLLM {VERL_MIN_VLLM} or later",
                           "install vllm==0.24.0 (verl's own vllm extra), or set actor_rollout_ref.rollout.name=hf")
-    if _select(config, "trainer.device") == "cpu":
+    for group, view in views:
+        if _select(view, "trainer.device") != "cpu":
+            continue
         for flag in ("enable_sleep_mode", "free_cache_engine"):  # verl's defaults are true for both
-            if _select(config, f"actor_rollout_ref.rollout.{flag}") in (None, True):
-                raise ConfigError(f"actor_rollout_ref.rollout.{flag}", "vLLM's CPU build has no sleep mode (verl sleeps "
-                                  "the engine between rollouts with either on)", f"set actor_rollout_ref.rollout.{flag}=false "
-                                  "(recipes/base/cpu_vllm.yaml does)")
-    if _select(config, "pettingllms") is None:
-        return
+            if _select(view, f"actor_rollout_ref.rollout.{flag}") in (None, True):
+                flag_key = _where(config, group, f"rollout.{flag}")
+                raise ConfigError(flag_key, "vLLM's CPU build has no sleep mode (verl sleeps the engine between "
+                                  "rollouts with either on)", f"set {flag_key}=false (recipes/base/cpu_vllm.yaml does)")
+    asked_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.max_lora_rank"
+    asked = _select(config, asked_key)
+    if asked and int(asked) > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(asked_key, f"{asked}: vLLM takes at most {VLLM_LORA_RANKS[-1]}", f"set it to {VLLM_LORA_RANKS[-1]} or less")
+    # the server's limit: the one asked for, rounded up to a rank vLLM takes (as verl does), else vLLM's largest
+    limit = next(rank for rank in VLLM_LORA_RANKS if rank >= int(asked)) if asked else VLLM_LORA_RANKS[-1]
     from pettingllms_verl.config import load
 
-    settings = load(_select(config, "pettingllms"))
-    asked_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.max_lora_rank"
-    limit, limit_key = (_select(config, asked_key), asked_key) if _select(config, asked_key) else (VLLM_MAX_LORA_RANK, None)
-    for name, policy in settings.policy_table().items():
-        if policy.adapter is not None and policy.adapter.rank > int(limit):
+    for name, policy in (load(_select(config, "pettingllms")).policy_table().items() if _select(config, "pettingllms") is not None else ()):
+        if policy.adapter is not None and policy.adapter.rank > limit:
             raise ConfigError(f"pettingllms.policies.{name}.adapter.rank",
                               f"{policy.adapter.rank} is above the vLLM server's max_lora_rank {limit}"
-                              + ("" if limit_key else " (the largest vLLM accepts)"),
-                              f"lower the rank, or raise {limit_key}" if limit_key else "lower the rank to 512 or less")
+                              + ("" if asked else " (the largest vLLM takes)"),
+                              f"lower the rank, or raise {asked_key}" if asked else f"lower the rank to {limit} or less")
 
 
 # verl's estimators the mas_sync trainer runs on per-turn team rows (docs/training.md says what each does)
@@ -486,24 +505,23 @@ def _check_megatron(config: DictConfig) -> None:
     """verl's Megatron actor (``actor.strategy=megatron``) per policy mode: one shared policy (L0) and
     a full model per role (L2) run in verl's own hybrid worker, whichever engine it builds; what this
     package adds to the engine is FSDP-only and is refused with it: the adapters on one base (L1:
-    ``_check_adapters``), the shared-prefix forward, a temperature per role (``_check_one_temperature``)."""
-    from pettingllms_verl.config import ADAPTER_GROUP, load, policy_config
+    ``_check_adapters``), the shared-prefix forward, a temperature per role."""
+    from pettingllms_verl.config import ADAPTER_GROUP
 
-    groups = load(_select(config, "pettingllms")).groups() if _select(config, "pettingllms") is not None else {None: []}
-    for group in groups:
-        if group == ADAPTER_GROUP:
+    for group, view in _policy_views(config):
+        if group == ADAPTER_GROUP or _select(view, "actor_rollout_ref.actor.strategy") != "megatron":
             continue
-        seen = policy_config(config, group) if group is not None else config
-        if _select(seen, "actor_rollout_ref.actor.strategy") != "megatron":
-            continue
-        where = "actor_rollout_ref.actor" if group is None or not _select(config, f"pettingllms.policies.{group}.overrides.actor.strategy") \
-            else f"pettingllms.policies.{group}.overrides.actor"
-        if _select(config, "trainer.device") == "cpu":
-            raise ConfigError(f"{where}.strategy", "megatron on CPU: Megatron-LM runs on CUDA devices only", "use fsdp2 on CPU")
-        if _select(seen, "actor_rollout_ref.actor.use_prefix_grouper"):
-            raise ConfigError("actor_rollout_ref.actor.use_prefix_grouper", "the shared-prefix forward is part of this "
-                              "package's FSDP engine (trainer/shared_prefix.py); verl's Megatron engine has none",
-                              "set actor_rollout_ref.actor.use_prefix_grouper=false, or actor.strategy=fsdp2")
+        strategy = _where(config, group, "actor.strategy")
+        if _select(view, "trainer.device") == "cpu":
+            raise ConfigError(strategy, "megatron on CPU: Megatron-LM runs on CUDA devices only", "use fsdp2 on CPU")
+        if _select(view, "actor_rollout_ref.actor.use_prefix_grouper"):
+            grouper = _where(config, group, "actor.use_prefix_grouper")
+            raise ConfigError(grouper, "the shared-prefix forward is part of this package's FSDP engine "
+                              "(trainer/shared_prefix.py); verl's Megatron engine has none", f"set {grouper}=false, or {strategy}=fsdp2")
+        apart = _temperature_apart(config)
+        if apart is not None:
+            raise ConfigError(apart[0], f"{apart[1]} with {strategy}=megatron: only the FSDP engine scores each row at "
+                              "its own temperature", "use fsdp2, or one temperature")
 
 
 def _tokenizer_vocab(path: str) -> dict | None:

