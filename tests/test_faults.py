@@ -56,10 +56,11 @@ class ScriptedServer:
 
     def __init__(self, tokenizer, fail_from: int | None = None):
         self.reply = tokenizer.encode("no idea")  # unparseable: no move, the episode never ends by itself
-        self.calls, self.fail_from = 0, fail_from
+        self.calls, self.fail_from, self.request_ids = 0, fail_from, []
 
     async def generate(self, request_id, prompt_ids, sampling_params, policy=None):
         self.calls += 1
+        self.request_ids.append(request_id)
         if self.fail_from is not None and self.calls >= self.fail_from:
             raise RuntimeError("the engine failed this batch")
         return TokenOutput(token_ids=self.reply, log_probs=[-0.5] * len(self.reply), extra_fields={"policy": policy, "global_steps": 0})
@@ -101,6 +102,18 @@ def end_of(outputs) -> dict:
     (end,) = [o.extra_fields for o in outputs if o.extra_fields["mas_episode_end"]]
     assert end is outputs[-1].extra_fields
     return end
+
+
+def test_every_request_of_an_episode_carries_one_request_id(tokenizer):
+    """Its K branches, roles and turns: the load balancer keeps the episode on one replica, whose
+    prefix cache (vLLM's, or the hf engine's shared prefill) holds its prompts; another episode, another id."""
+    server = ScriptedServer(tokenizer)
+    play(tokenizer, server, fault="none", fault_turn=0)  # a plain Plan-Path episode: 4 turns, 2 roles, K branches
+    first = server.calls
+    play(tokenizer, server, fault="none", fault_turn=0)
+    ids = server.request_ids
+    assert first == 4 * ROLES_PER_TURN * K and len(ids) == 2 * first  # every branch of every node asked the server
+    assert len(set(ids[:first])) == 1 and len(set(ids[first:])) == 1 and ids[0] != ids[-1]
 
 
 def test_an_env_that_raises_ends_only_its_episode_keeping_the_turns_played(tokenizer, caplog):
