@@ -23,7 +23,7 @@ def run(plan_path_artifacts):
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(plan_path_artifacts / "tiny_model_plan_path")
     get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)).save_pretrained(frozen)
-    return train(plan_path_artifacts, RECIPE, f"pettingllms.policies.tool_adapter.adapter.path={frozen}")
+    return train(plan_path_artifacts, RECIPE, f"+pettingllms.policies.tool_adapter.adapter.path={frozen}")
 
 
 def test_three_steps_train_the_trainable_adapter_only(run):
