@@ -223,7 +223,7 @@ def _check_policies(config: DictConfig) -> None:
 def _check_adapters(config: DictConfig, settings: Any, groups: dict[str, list[str]]) -> None:
     """LoRA adapters per role (L1): verl settings they need, their starting weights, and the base
     model's module names (targets must exist; peft finds an adapter's tensors by its name)."""
-    from pettingllms_verl.config import ADAPTER_GROUP, SECTION
+    from pettingllms_verl.config import ADAPTER_GROUP, SECTION, VLLM_PER_POLICY
 
     adapters = groups[ADAPTER_GROUP]
     if _select(config, "actor_rollout_ref.model.lora.merge"):
@@ -239,7 +239,7 @@ def _check_adapters(config: DictConfig, settings: Any, groups: dict[str, list[st
         raise ConfigError("actor_rollout_ref.actor.strategy", f"{_select(config, 'actor_rollout_ref.actor.strategy')!r}: "
                           "several adapters on one base need FSDP2", "set actor_rollout_ref.actor.strategy=fsdp2")
     rollout = _select(config, "actor_rollout_ref.rollout.name")
-    if rollout not in ("hf", "vllm_multilora"):
+    if rollout not in ("hf", VLLM_PER_POLICY):
         raise ConfigError("actor_rollout_ref.rollout.name", f"{rollout!r} serves one LoRA adapter (verl 0.9.1)",
                           "use hf, or vllm_multilora (several adapters per vLLM server)")
     needs_ref = _select(config, "actor_rollout_ref.actor.use_kl_loss") or _select(config, "algorithm.use_kl_in_reward")
@@ -358,13 +358,14 @@ def _where(config: DictConfig, group: str | None, key: str) -> str:
     return override if group is not None and _select(config, override) is not None else f"actor_rollout_ref.{key}"
 
 
-def _check_vllm(config: DictConfig) -> None:
+def _check_vllm(config: DictConfig, views: list[tuple[str | None, DictConfig]]) -> None:
     """A vLLM rollout verl cannot start here, said before Ray starts: vLLM missing, a version verl
     refuses, sleep mode on CPU, an adapter above the server's LoRA rank."""
     from packaging.version import Version
 
-    views = [(group, view) for group, view in _policy_views(config)
-             if _select(view, "actor_rollout_ref.rollout.name") in ("vllm", "vllm_multilora")]
+    from pettingllms_verl.config import VLLM_PER_POLICY, load
+
+    views = [(group, view) for group, view in views if _select(view, "actor_rollout_ref.rollout.name") in ("vllm", VLLM_PER_POLICY)]
     if not views:
         return
     key = _where(config, views[0][0], "rollout.name")
@@ -394,8 +395,6 @@ def _check_vllm(config: DictConfig) -> None:
         raise ConfigError(asked_key, f"{asked}: vLLM takes at most {VLLM_LORA_RANKS[-1]}", f"set it to {VLLM_LORA_RANKS[-1]} or less")
     # the server's limit: the one asked for, rounded up to a rank vLLM takes (as verl does), else vLLM's largest
     limit = next(rank for rank in VLLM_LORA_RANKS if rank >= int(asked)) if asked else VLLM_LORA_RANKS[-1]
-    from pettingllms_verl.config import load
-
     for name, policy in (load(_select(config, "pettingllms")).policy_table().items() if _select(config, "pettingllms") is not None else ()):
         if policy.adapter is not None and policy.adapter.rank > limit:
             raise ConfigError(f"pettingllms.policies.{name}.adapter.rank",
@@ -447,9 +446,10 @@ def _temperature_apart(config: DictConfig) -> tuple[str, float, float] | None:
     return None
 
 
-def _check_one_temperature(config: DictConfig, mas: bool) -> None:
+def _check_one_temperature(config: DictConfig, mas: bool, views: list[tuple[str | None, DictConfig]]) -> None:
     """A role trained at its own temperature needs the mas_sync trainer on verl's FSDP engine without
-    fused kernels: only there is each row scored at its own (``trainer/shared_prefix.py``)."""
+    fused kernels, in every worker group (``views``): only there is each row scored at its own
+    (``trainer/shared_prefix.py``)."""
     apart = _temperature_apart(config)
     if apart is None:
         return
@@ -458,9 +458,11 @@ def _check_one_temperature(config: DictConfig, mas: bool) -> None:
     if not mas:
         raise ConfigError(key, f"{problem} outside the mas_sync trainer: verl would score these replies at the "
                           "rollout's temperature", "set trainer.v1.trainer_mode=mas_sync, or sample at the rollout's temperature")
-    if _select(config, "actor_rollout_ref.actor.strategy") not in (None, "fsdp", "fsdp2"):  # None: verl's default, fsdp
-        raise ConfigError(key, f"{problem} with actor.strategy={_select(config, 'actor_rollout_ref.actor.strategy')}: "
-                          "only the FSDP engine scores each row at its own temperature", "use fsdp2, or one temperature")
+    for group, view in views:
+        strategy = _select(view, "actor_rollout_ref.actor.strategy")
+        if strategy not in (None, "fsdp", "fsdp2"):  # None: verl's default, fsdp
+            raise ConfigError(key, f"{temperature} with {_where(config, group, 'actor.strategy')}={strategy}: only the FSDP "
+                              "engine scores each row at its own temperature", "use fsdp2, or one temperature")
     if _select(config, "actor_rollout_ref.model.use_fused_kernels"):
         raise ConfigError(key, f"{problem} with model.use_fused_kernels: verl's fused kernels take one temperature "
                           "per batch", "set actor_rollout_ref.model.use_fused_kernels=false, or one temperature")
@@ -495,20 +497,21 @@ def _check_agreement(config: DictConfig) -> None:
                 "reward.reward_model.enable", "a reward model would overwrite the environments' per-sample rewards",
                 "set reward.reward_model.enable=false (the environments score every reply)",
             )
+    views = _policy_views(config)  # each worker group's config, built once for the checks below
     if _select(config, "pettingllms") is not None:
-        _check_one_temperature(config, mas)
-    _check_vllm(config)
-    _check_megatron(config)
+        _check_one_temperature(config, mas, views)
+    _check_vllm(config, views)
+    _check_megatron(config, views)
 
 
-def _check_megatron(config: DictConfig) -> None:
+def _check_megatron(config: DictConfig, views: list[tuple[str | None, DictConfig]]) -> None:
     """verl's Megatron actor (``actor.strategy=megatron``) per policy mode: one shared policy (L0) and
     a full model per role (L2) run in verl's own hybrid worker, whichever engine it builds; what this
     package adds to the engine is FSDP-only and is refused with it: the adapters on one base (L1:
-    ``_check_adapters``), the shared-prefix forward, a temperature per role."""
+    ``_check_adapters``), the shared-prefix forward, a temperature per role (``_check_one_temperature``)."""
     from pettingllms_verl.config import ADAPTER_GROUP
 
-    for group, view in _policy_views(config):
+    for group, view in views:
         if group == ADAPTER_GROUP or _select(view, "actor_rollout_ref.actor.strategy") != "megatron":
             continue
         strategy = _where(config, group, "actor.strategy")
@@ -518,10 +521,6 @@ def _check_megatron(config: DictConfig) -> None:
             grouper = _where(config, group, "actor.use_prefix_grouper")
             raise ConfigError(grouper, "the shared-prefix forward is part of this package's FSDP engine "
                               "(trainer/shared_prefix.py); verl's Megatron engine has none", f"set {grouper}=false, or {strategy}=fsdp2")
-        apart = _temperature_apart(config)
-        if apart is not None:
-            raise ConfigError(apart[0], f"{apart[1]} with {strategy}=megatron: only the FSDP engine scores each row at "
-                              "its own temperature", "use fsdp2, or one temperature")
 
 
 def _tokenizer_vocab(path: str) -> dict | None:
