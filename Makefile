@@ -125,24 +125,32 @@ real-before-after: $(call recipe_needs,$(REAL_RUN))  ## the real model on Plan-P
 	    --results $(ARTIFACTS)/eval/$(REAL_RUN)/before/results.json --results $(ARTIFACTS)/eval/$(REAL_RUN)/after/results.json --out $(ARTIFACTS)/eval/$(REAL_RUN)
 
 # The reproduction of "MAS + AT-GRPO beats SA + GRPO" on CPU (pettingllms_verl/eval/reproduce.py):
-# Plan-Path 4x4 in one turn, the tiny model warm-started by verl's SFT trainer on noisy demonstrations,
-# SA + GRPO, MAS + AT-GRPO (shared policy, and a model per role, also swapped) and MAS + GRPO with
-# groups keyed by problem alone, 3 seeds each, evaluated on 512 test problems before and after
-# training (docs/reproduction.md). A rerun keeps finished training runs.
+# Plan-Path 4x4 in one turn, routes of 2-3 moves, the tiny model warm-started by verl's SFT trainer on
+# noisy demonstrations in two stages, SA + GRPO, MAS + AT-GRPO (shared policy, and a model per role,
+# also swapped) and MAS + GRPO with groups keyed by problem alone, 3 seeds each, evaluated on 1,024
+# test problems before and after training (docs/reproduction.md). A rerun keeps finished training runs.
 REPRO_ENV := {"size": 4, "wall_density": 0.3, "max_turns": 1}
 # how often each demonstrated reply is the right one (models/demos.py): the tool writes the BFS program
 # half the time (the planner so sees as many of its outputs as of the wall-blind ones), the planner copies
 # the tool's output always, the lone planner answers a shortest path 3 times in 10
 REPRO_DEMOS := {"tool": 0.5, "copy": 1.0, "plan": 0.3}
-# a warm start older than the demonstrations' code is built again (the SFT command keeps an existing model)
+# Stage 1, both workflows: a warm start older than the demonstrations' code is built again (the SFT command keeps an existing model)
 $(ARTIFACTS)/tiny_model_plan_path_demos/config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/tiny_model/config.json
 	rm -rf $(@D)
 	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/tiny_model --out $(@D) --episodes 3000 \
 	    --p-correct '$(REPRO_DEMOS)' --env-kwargs '$(REPRO_ENV)'
 
-model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_demos/config.json
+# Stage 2, team episodes alone (600 steps at lr 1e-3 from stage 1): the planner's copy of the tool's
+# output forms here (exact copies of 2- and 3-move BFS outputs 0.49 / 0.26 after stage 1, 1.00 / 0.85
+# after stage 2: benchmarks/RESULTS.md, "The team warm start")
+$(ARTIFACTS)/tiny_model_plan_path_team/config.json: $(ARTIFACTS)/tiny_model_plan_path_demos/config.json
+	rm -rf $(@D)
+	$(PY) -m pettingllms_verl.models.sft --base $(<D) --out $(@D) --workflows mas --episodes 2000 --steps 600 --lr 1e-3 --seed 1 \
+	    --p-correct '$(REPRO_DEMOS)' --env-kwargs '$(REPRO_ENV)'
 
-reproduce: model-plan-path-demos data-plan_path_4x4  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
+model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_team/config.json  ## the reproduction's warm start (both SFT stages)
+
+reproduce: model-plan-path-demos data-plan_path_4x4_short  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)

@@ -1,7 +1,7 @@
 """Reproduce "MAS + AT-GRPO beats SA + GRPO" on CPU: ``python -m pettingllms_verl.eval.reproduce`` (``make reproduce``).
 
-Plan-Path 4x4 in one turn, the tiny model warm-started by verl's SFT trainer on noisy
-demonstrations, and four methods with the same steps, replies per step and optimizer steps
+Plan-Path 4x4 in one turn with routes of 2-3 moves, the tiny model warm-started by verl's SFT
+trainer on noisy demonstrations, and four methods with the same steps, replies per step and optimizer steps
 (``recipes/base/repro_plan_path.yaml``):
 
 - ``sa``: SA + GRPO (the plan agent alone, ``plan_path_sa_grpo_repro_cpu``);
@@ -311,7 +311,7 @@ def _diff_text(diff: dict | None) -> str:
 def markdown(table: list[dict], meta: dict) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     lines = [
-        "# Reproduction: Plan-Path 4x4 in one turn, tiny model warm-started on noisy demonstrations",
+        "# Reproduction: Plan-Path 4x4 in one turn (routes of 2-3 moves), tiny model warm-started on noisy demonstrations",
         "",
         f"Test success (share of {meta['episodes']} test problems solved, sampled at T = 1), before training (the warm start) "
         f"and after {meta['steps']} steps (each run's best step on val), over seeds {', '.join(map(str, meta['seeds']))}: "

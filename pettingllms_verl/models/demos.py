@@ -65,18 +65,19 @@ def _answer(moves: list[str]) -> str:
     return f"<answer>{' '.join(moves)}</answer>"
 
 
-def plan_path_demos(episodes: int, p_correct: dict[str, float], seed: int = 0, env_kwargs: dict | None = None) -> list[dict]:
-    """``episodes`` SA and MAS episodes (alternating) of Plan-Path played with noisy demonstrations;
-    one ``{"messages": [system, user, assistant]}`` row per reply (verl's multi-turn SFT format).
-    ``p_correct``: the chance of the right reply per kind, ``tool``, ``copy`` (plan with a tool
-    output) and ``plan`` (plan alone)."""
+def plan_path_demos(episodes: int, p_correct: dict[str, float], seed: int = 0, env_kwargs: dict | None = None,
+                    workflows: tuple[str, ...] = ("sa", "mas")) -> list[dict]:
+    """``episodes`` episodes of Plan-Path played with noisy demonstrations, their workflows taken in
+    turn from ``workflows``; one ``{"messages": [system, user, assistant]}`` row per reply (verl's
+    multi-turn SFT format). ``p_correct``: the chance of the right reply per kind, ``tool``, ``copy``
+    (plan with a tool output) and ``plan`` (plan alone)."""
     from pettingllms_verl import envs
 
     env = envs.make("plan_path", **(env_kwargs or {}))
     rng = random.Random(seed)
     rows = []
     for episode in range(episodes):
-        workflow = env.workflow(("sa", "mas")[episode % 2])
+        workflow = env.workflow(workflows[episode % len(workflows)])
         env.reset(seed=20_000_000 + (seed % 1000) * 100_000 + episode)  # outside every data_prep split's seed range
         while not env.done:
             for role in workflow.turn_order:

@@ -56,7 +56,7 @@ def sft_overrides(data: str, base: str, work: str, steps: int, batch_size: int, 
 
 
 def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, float] | None = None, steps: int = 1200, batch_size: int = 16,
-               lr: float = 3e-3, seed: int = 0, env_kwargs: dict | None = None) -> str:
+               lr: float = 3e-3, seed: int = 0, env_kwargs: dict | None = None, workflows: tuple[str, ...] = ("sa", "mas")) -> str:
     """SFT the model in ``base`` on ``episodes`` noisy Plan-Path demonstration episodes; write it to ``out``."""
     import pandas as pd
 
@@ -72,7 +72,7 @@ def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, fl
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     p_correct = {**DEFAULT_P_CORRECT, **(p_correct or {})}
-    rows = plan_path_demos(episodes, p_correct, seed=seed, env_kwargs=env_kwargs)
+    rows = plan_path_demos(episodes, p_correct, seed=seed, env_kwargs=env_kwargs, workflows=workflows)
     data = os.path.join(work, "demos.parquet")
     pd.DataFrame(rows).to_parquet(data, index=False)
     print(f"{len(rows)} demonstrations ({episodes} episodes, p_correct={p_correct}) -> {data}", file=sys.stderr)
@@ -96,8 +96,12 @@ def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, fl
     with open(os.path.join(staging, "warm_start.json"), "w") as f:
         # the digest tells apart warm starts whose demonstrations changed with the code (`make reproduce` checks it)
         digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
-        json.dump({"base": base, "episodes": episodes, "demonstrations": len(rows), "demonstrations_sha256": digest, "p_correct": p_correct, "steps": steps,
-                   "batch_size": batch_size, "lr": lr, "seed": seed, "env_kwargs": env_kwargs or {}}, f, indent=1)
+        # a base that is itself a warm start says how it was made: a change there changes this one's record too
+        base_record = os.path.join(base, "warm_start.json")
+        json.dump({"base": base, "base_warm_start": json.load(open(base_record)) if os.path.isfile(base_record) else None,
+                   "episodes": episodes, "demonstrations": len(rows), "demonstrations_sha256": digest, "p_correct": p_correct,
+                   "workflows": list(workflows), "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+                   "env_kwargs": env_kwargs or {}}, f, indent=1)
     os.replace(staging, out)
     shutil.rmtree(work)
     return out
@@ -113,10 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="demonstrations per optimizer step")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (cosine schedule)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrations and of verl's trainer")
+    parser.add_argument("--workflows", default="sa,mas", help="the episodes' workflows, taken in turn (e.g. sa,mas,mas: two team episodes per single-agent one)")
     parser.add_argument("--env-kwargs", default="{}", help='Plan-Path options as JSON, e.g. \'{"size": 5, "wall_density": 0.3}\'')
     args = parser.parse_args(argv)
     warm_start(args.base, args.out, args.episodes, json.loads(args.p_correct), args.steps, args.batch_size, args.lr, args.seed,
-               json.loads(args.env_kwargs))
+               json.loads(args.env_kwargs), tuple(args.workflows.split(",")))
     print(f"warm-started model written to {args.out}", file=sys.stderr)
 
 

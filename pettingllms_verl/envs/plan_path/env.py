@@ -13,7 +13,8 @@ Per-move rewards (summed over a reply's moves; moves after reaching the goal are
 Success: the goal is reached. ``global_reward``: 1 when solved, else the shaped progress
 ``1 - d / optimal_len`` clipped to [0, 1) (0 at the start or further away).
 
-Config: ``size`` (10), ``wall_density`` (0.22), ``min_optimal_len`` (size // 2), ``max_turns`` (4),
+Config: ``size`` (10), ``wall_density`` (0.22), ``min_optimal_len`` (size // 2), ``max_optimal_len``
+(no limit), ``max_turns`` (4),
 ``max_moves`` per reply (4 * size * size), ``tool_limits``.
 """
 
@@ -54,10 +55,15 @@ def bfs_distances(grid: list[str], goal: tuple[int, int]) -> list[int]:
     return dist
 
 
-def generate_task(seed: int, size: int = 10, wall_density: float = 0.22, min_optimal_len: int | None = None) -> dict:
-    """A random grid with start and goal at least ``min_optimal_len`` moves apart (seeded)."""
+def generate_task(seed: int, size: int = 10, wall_density: float = 0.22, min_optimal_len: int | None = None,
+                  max_optimal_len: int | None = None) -> dict:
+    """A random grid with start and goal at least ``min_optimal_len`` and at most ``max_optimal_len``
+    moves apart (seeded)."""
     rng = random.Random(seed)
     min_len = max(1, size // 2 if min_optimal_len is None else min_optimal_len)
+    max_len = size * size if max_optimal_len is None else max_optimal_len
+    if max_len < min_len:
+        raise ValueError(f"plan_path: max_optimal_len {max_len} is below min_optimal_len {min_len}")
     while True:
         grid = ["".join("#" if rng.random() < wall_density else "." for _ in range(size)) for _ in range(size)]
         free = [(r, c) for r in range(size) for c in range(size) if grid[r][c] == "."]
@@ -65,7 +71,7 @@ def generate_task(seed: int, size: int = 10, wall_density: float = 0.22, min_opt
             continue
         start, goal = rng.sample(free, 2)
         optimal_len = bfs_distances(grid, goal)[start[0] * size + start[1]]
-        if optimal_len >= min_len:
+        if min_len <= optimal_len <= max_len:
             return {"grid": grid, "start": list(start), "goal": list(goal), "optimal_len": optimal_len}
 
 
@@ -100,6 +106,7 @@ class PlanPathEnv(ToolPlanEnv):
         "size": "grid side of generated tasks (default 10)",
         "wall_density": "fraction of wall cells of generated tasks (default 0.22)",
         "min_optimal_len": "shortest path length a generated task must have at least",
+        "max_optimal_len": "shortest path length a generated task may have at most",
         "max_moves": "moves allowed in an episode (default 4 x cells)",
     }
 
@@ -107,7 +114,7 @@ class PlanPathEnv(ToolPlanEnv):
         cfg = self.config
         size = int(cfg.get("size", 10))
         if task is None:
-            task = generate_task(seed, size, float(cfg.get("wall_density", 0.22)), cfg.get("min_optimal_len"))
+            task = generate_task(seed, size, float(cfg.get("wall_density", 0.22)), cfg.get("min_optimal_len"), cfg.get("max_optimal_len"))
         grid = list(task["grid"])
         width = len(grid[0])
         # per-task tables: shared with clones, never mutated
