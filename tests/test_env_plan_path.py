@@ -70,6 +70,18 @@ def test_generated_tasks_are_seeded_reachable_and_optimal():
     assert len(pp.generate_task(1, size=6)["grid"]) == 6
 
 
+def test_max_optimal_len_bounds_the_routes_of_generated_tasks_and_the_env_passes_it():
+    lengths = {pp.generate_task(seed, size=4, wall_density=0.3, max_optimal_len=3)["optimal_len"] for seed in range(60)}
+    assert lengths == {2, 3}  # min 4 // 2; unbounded, 4x4 grids reach 4 and more moves
+    assert max(pp.generate_task(seed, size=4, wall_density=0.3)["optimal_len"] for seed in range(60)) > 3
+    env = pp.PlanPathEnv(size=4, wall_density=0.3, max_optimal_len=2)
+    for seed in range(10):
+        env.reset(seed)
+        assert env.task["optimal_len"] == 2
+    with pytest.raises(ValueError, match="max_optimal_len 1 is below min_optimal_len 2"):
+        pp.generate_task(0, size=4, max_optimal_len=1)
+
+
 def test_shortest_path_solves_with_goal_reward_and_bonus():
     env = env_at()
     result = env.step("plan", SHORTEST)

@@ -63,6 +63,10 @@ def test_demonstrations_are_right_as_often_as_asked():
     tools = [r["messages"][2]["content"] for r in rows if "You are the tool agent" in r["messages"][0]["content"]]
     share = sum(BFS_PROGRAM in t for t in tools) / len(tools)
     assert 0.2 < share < 0.4
+    # team episodes alone (the warm start's second stage): every plan reply has a tool output to copy
+    rows = plan_path_demos(10, right, seed=1, env_kwargs=ENV, workflows=("mas",))
+    plans = [r for r in rows if "You are the tool agent" not in r["messages"][0]["content"]]
+    assert len(plans) >= 10 and all("Its output:" in r["messages"][1]["content"] for r in plans)
 
 
 @pytest.mark.slow
@@ -90,6 +94,18 @@ def test_warm_start_runs_verls_sft_trainer_and_writes_a_model(tmp_path, tiny_mod
     # an existing model is kept, never retrained
     again = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "kept" in again.stderr
+
+
+def test_a_warm_start_built_on_another_records_the_base_record(tmp_path):
+    from pettingllms_verl.models import sft
+
+    rows = plan_path_demos(4, sft.DEFAULT_P_CORRECT, env_kwargs=ENV)
+    first = sft.record(str(tmp_path), rows, steps=1200)
+    assert first["base_warm_start"] is None and first["steps"] == 1200 and first["demonstrations"] == len(rows)
+    (tmp_path / "warm_start.json").write_text(json.dumps(first))
+    second = sft.record(str(tmp_path), rows, steps=600)
+    assert second["base_warm_start"] == first  # the first stage changed -> the second's record changes
+    assert sft.record(str(tmp_path), rows[1:], steps=600)["demonstrations_sha256"] != second["demonstrations_sha256"]
 
 
 def test_warm_start_names_a_missing_base(tmp_path):
@@ -148,7 +164,7 @@ def test_finished_steps_reads_verls_last_file(tmp_path):
 
 def test_a_finished_run_is_kept_and_one_trained_further_or_from_another_warm_start_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
-    model = tmp_path / "artifacts" / "tiny_model_plan_path_demos"
+    model = tmp_path / "artifacts" / "tiny_model_plan_path_team"
     model.mkdir(parents=True)
     (model / "warm_start.json").write_text('{"demonstrations_sha256": "a"}')
     args = reproduce.parse_args(["--out", str(tmp_path / "out")])
@@ -242,7 +258,7 @@ def test_a_model_per_role_is_evaluated_before_training_only_when_its_roles_start
 
 def test_before_is_reused_only_for_the_same_runs_and_warm_start(tmp_path, monkeypatch):
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
-    model = tmp_path / "artifacts" / "tiny_model_plan_path_demos"
+    model = tmp_path / "artifacts" / "tiny_model_plan_path_team"
     model.mkdir(parents=True)
     (model / "warm_start.json").write_text('{"steps": 1200}')
     args = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "8"])
@@ -265,7 +281,7 @@ def test_before_is_reused_only_for_the_same_runs_and_warm_start(tmp_path, monkey
 
 def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_ones_start(tmp_path, monkeypatch):
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
-    for name in ("tiny_model_plan_path_demos", "planner"):
+    for name in ("tiny_model_plan_path_team", "planner"):
         (tmp_path / "artifacts" / name).mkdir(parents=True)
         (tmp_path / "artifacts" / name / "warm_start.json").write_text(json.dumps({"name": name}))
     planner = tmp_path / "artifacts" / "planner"
@@ -273,9 +289,9 @@ def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_
                                   "--set", f"++pettingllms.policies.plan_policy.overrides.model.path={planner}"])
     warm = reproduce.warm_start(apart, "per_role")
     assert warm["plan_policy"] == {"model": str(planner), "warm_start": {"name": "planner"}}
-    assert warm["tool_policy"]["warm_start"] == {"name": "tiny_model_plan_path_demos"}
+    assert warm["tool_policy"]["warm_start"] == {"name": "tiny_model_plan_path_team"}
     together = reproduce.parse_args(["--methods", "per_role", "--out", str(tmp_path / "out")])
-    assert reproduce.warm_start(together, "per_role")["plan_policy"]["warm_start"] == {"name": "tiny_model_plan_path_demos"}
+    assert reproduce.warm_start(together, "per_role")["plan_policy"]["warm_start"] == {"name": "tiny_model_plan_path_team"}
     # the "before" evaluation and a finished run both belong to the warm starts they came from
     specs = ["per_role=plan_path_mas_full_repro_cpu"]
     assert (reproduce.fingerprint(specs, apart, {"per_role": warm})
@@ -285,5 +301,5 @@ def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_
     (run_dir / "latest_checkpointed_iteration.txt").write_text("40")
     (run_dir / "warm_start.json").write_text(json.dumps(warm))
     reproduce.train("per_role", 0, 40, apart, tmp_path / "out", reproduce.warm_start(apart, "per_role"))  # kept
-    with pytest.raises(reproduce.ReproduceError, match=r"another warm start .*plan_policy .*tiny_model_plan_path_demos"):
+    with pytest.raises(reproduce.ReproduceError, match=r"another warm start .*plan_policy .*tiny_model_plan_path_team"):
         reproduce.train("per_role", 0, 40, together, tmp_path / "out", reproduce.warm_start(together, "per_role"))

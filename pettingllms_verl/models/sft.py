@@ -55,6 +55,16 @@ def sft_overrides(data: str, base: str, work: str, steps: int, batch_size: int, 
     ]
 
 
+def record(base: str, rows: list[dict], **settings) -> dict:
+    """What made a warm start (its ``warm_start.json``): the base model, and the base's own record when it
+    is a warm start too (a change there changes this record), the demonstrations' count and digest (they
+    change with the code: `make reproduce` compares records), and the SFT ``settings``."""
+    base_record = os.path.join(base, "warm_start.json")
+    return {"base": base, "base_warm_start": json.load(open(base_record)) if os.path.isfile(base_record) else None,
+            "demonstrations": len(rows), "demonstrations_sha256": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest(),
+            **settings}
+
+
 def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, float] | None = None, steps: int = 1200, batch_size: int = 16,
                lr: float = 3e-3, seed: int = 0, env_kwargs: dict | None = None, workflows: tuple[str, ...] = ("sa", "mas")) -> str:
     """SFT the model in ``base`` on ``episodes`` noisy Plan-Path demonstration episodes; write it to ``out``."""
@@ -94,14 +104,8 @@ def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, fl
     with open(config_path, "w") as f:
         json.dump(config, f, indent=2)
     with open(os.path.join(staging, "warm_start.json"), "w") as f:
-        # the digest tells apart warm starts whose demonstrations changed with the code (`make reproduce` checks it)
-        digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
-        # a base that is itself a warm start says how it was made: a change there changes this one's record too
-        base_record = os.path.join(base, "warm_start.json")
-        json.dump({"base": base, "base_warm_start": json.load(open(base_record)) if os.path.isfile(base_record) else None,
-                   "episodes": episodes, "demonstrations": len(rows), "demonstrations_sha256": digest, "p_correct": p_correct,
-                   "workflows": list(workflows), "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-                   "env_kwargs": env_kwargs or {}}, f, indent=1)
+        json.dump(record(base, rows, episodes=episodes, p_correct=p_correct, workflows=list(workflows), steps=steps,
+                         batch_size=batch_size, lr=lr, seed=seed, env_kwargs=env_kwargs or {}), f, indent=1)
     os.replace(staging, out)
     shutil.rmtree(work)
     return out
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", required=True, help="model folder to start from (e.g. the tiny model)")
     parser.add_argument("--out", required=True, help="folder to write the warm-started model to")
-    parser.add_argument("--episodes", type=int, default=800, help="demonstration episodes (SA and MAS alternating)")
+    parser.add_argument("--episodes", type=int, default=800, help="demonstration episodes (their workflows in turn: --workflows)")
     parser.add_argument("--p-correct", default="{}", help=f"chance of the right reply per kind as JSON (default {json.dumps(DEFAULT_P_CORRECT)})")
     parser.add_argument("--steps", type=int, default=1200, help="SFT optimizer steps")
     parser.add_argument("--batch-size", type=int, default=16, help="demonstrations per optimizer step")
@@ -120,8 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workflows", default="sa,mas", help="the episodes' workflows, taken in turn (e.g. sa,mas,mas: two team episodes per single-agent one)")
     parser.add_argument("--env-kwargs", default="{}", help='Plan-Path options as JSON, e.g. \'{"size": 5, "wall_density": 0.3}\'')
     args = parser.parse_args(argv)
+    workflows = tuple(args.workflows.split(","))
+    if not workflows or not set(workflows) <= {"sa", "mas"}:
+        parser.error(f"--workflows {args.workflows}: a comma-separated list of sa and mas, e.g. sa,mas")
     warm_start(args.base, args.out, args.episodes, json.loads(args.p_correct), args.steps, args.batch_size, args.lr, args.seed,
-               json.loads(args.env_kwargs), tuple(args.workflows.split(",")))
+               json.loads(args.env_kwargs), workflows)
     print(f"warm-started model written to {args.out}", file=sys.stderr)
 
 
