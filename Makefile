@@ -86,7 +86,7 @@ recipe_bases = $(patsubst %,recipes/%.yaml,$(shell sed -n 's|^  - \(base/[a-z0-9
 base_bases = $(patsubst %,recipes/base/%.yaml,$(shell sed -n 's|^  - \([a-z0-9][a-z0-9_/]*\)$$|\1|p' $(1) /dev/null))
 recipe_files = recipes/$(1).yaml $(call recipe_bases,$(1)) $(call base_bases,$(call recipe_bases,$(1)))
 recipe_reads = $(sort $(shell sed -n 's|.*$${pettingllms.paths.artifacts}/\([a-z0-9_./]*\).*|\1|p' $(call recipe_files,$(1))))
-recipe_needs = $(foreach path,$(call recipe_reads,$(1)),$(if $(filter data/%,$(path)),$(if $(filter %/train.parquet,$(path)),$(ARTIFACTS)/$(path)),$(if $(filter checkpoints/%,$(path)),,$(ARTIFACTS)/$(path)/config.json)))
+recipe_needs = $(foreach path,$(call recipe_reads,$(1)),$(if $(filter data/%,$(path)),$(if $(filter %/train.parquet,$(path)),$(ARTIFACTS)/$(path)),$(if $(filter checkpoints/%,$(path)),,$(ARTIFACTS)/$(path)/$(if $(filter %_adapter,$(path)),adapter_config.json,config.json))))
 
 # Launch a recipe (RECIPE=<name>, Hydra overrides in ARGS) through verl's main_ppo; the command is
 # printed with the environment it needs, so that it runs as printed when pasted into a shell.

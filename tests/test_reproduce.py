@@ -46,6 +46,7 @@ def test_demonstrations_are_right_as_often_as_asked():
     for row in rows:
         system, user, reply = (m["content"] for m in row["messages"])
         assert row["messages"][2]["role"] == "assistant"
+        assert row["role"] == ("tool" if "You are the tool agent" in system else "plan")
         if "You are the tool agent" in system:
             kinds["tool"] += 1
             assert NAIVE_PROGRAM in reply  # p = 0: always the wrong program
@@ -94,6 +95,22 @@ def test_warm_start_runs_verls_sft_trainer_and_writes_a_model(tmp_path, tiny_mod
     # an existing model is kept, never retrained
     again = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "kept" in again.stderr
+    # a second stage on it: a LoRA adapter trained on the plan agent's team replies alone, exported as a peft folder
+    adapter = str(tmp_path / "plan_adapter")
+    lora = [sys.executable, "-m", "pettingllms_verl.models.sft", "--base", out, "--out", adapter, "--episodes", "4", "--steps", "2",
+            "--batch-size", "2", "--workflows", "mas", "--roles", "plan", "--lora-rank", "4", "--lora-alpha", "8", "--lr", "1e-2",
+            "--env-kwargs", json.dumps(ENV)]
+    result = subprocess.run(lora, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.load(open(os.path.join(adapter, "warm_start.json")))
+    assert record["base_warm_start"] == meta and record["roles"] == ["plan"] and record["lora_rank"] == 4
+    assert 4 <= record["demonstrations"] <= 4 * ENV["max_turns"]  # one plan reply per turn played of each team episode
+    from peft import PeftModel
+
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32), adapter)
+    assert tuned.peft_config["default"].r == 4 and tuned.peft_config["default"].lora_alpha == 8
+    lora_b = [p for n, p in tuned.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b)  # trained: lora_B starts at zero
 
 
 def test_a_warm_start_built_on_another_records_the_base_record(tmp_path):

