@@ -320,3 +320,17 @@ def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_
     reproduce.train("per_role", 0, 40, apart, tmp_path / "out", reproduce.warm_start(apart, "per_role"))  # kept
     with pytest.raises(reproduce.ReproduceError, match=r"another warm start .*plan_policy .*tiny_model_plan_path_team"):
         reproduce.train("per_role", 0, 40, together, tmp_path / "out", reproduce.warm_start(together, "per_role"))
+
+
+def test_the_real_model_is_not_in_the_default_methods_and_its_adapters_starts_are_part_of_its_warm_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    assert "real" not in reproduce.parse_args([]).methods  # hours on CPU: `make reproduce-real` asks for it
+    for role in ("tool", "plan"):
+        (tmp_path / "artifacts" / f"smollm2_135m_{role}_adapter").mkdir(parents=True)
+        (tmp_path / "artifacts" / f"smollm2_135m_{role}_adapter" / "warm_start.json").write_text(json.dumps({"roles": [role]}))
+    args = reproduce.parse_args(["--methods", "real", "--out", str(tmp_path / "out")])
+    warm = reproduce.warm_start(args, "real")
+    assert warm["tool_adapter"] == {"model": str(tmp_path / "artifacts" / "smollm2_135m_tool_adapter"), "warm_start": {"roles": ["tool"]}}
+    assert warm["plan_adapter"]["warm_start"] == {"roles": ["plan"]}
+    assert any(start["model"].endswith("smollm2_135m") for start in warm.values())  # the base the adapters sit on
+    assert reproduce.before_sources(["mas", "real"], {"mas": reproduce.warm_start(args, "mas"), "real": warm})["real"] == "real"
