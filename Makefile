@@ -23,7 +23,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install model real-model real-before-after reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean
+.PHONY: help run install model real-model real-before-after real-warm-start reproduce-real reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -152,6 +152,24 @@ model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_team/config.json  ## th
 
 reproduce: model-plan-path-demos data-plan_path_4x4_short  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
+
+# The real model on the same task (make reproduce-real): SmolLM2-135M-Instruct with a LoRA adapter per
+# role, each warm-started by verl's SFT trainer (LoRA) on its role's replies in team episodes of the
+# same demonstrations, then MAS + AT-GRPO (plan_path_mas_lora_smollm2_repro_cpu), evaluated on
+# REAL_TEST test problems before and after, as trained and swapped. Hours on 2 cores: a rerun resumes
+# the training from its last checkpoint and keeps a finished one.
+REAL_SFT_STEPS ?= 60
+REAL_SEEDS ?= 0
+REAL_TEST ?= 256
+$(ARTIFACTS)/smollm2_135m_%_adapter/adapter_config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/smollm2_135m/config.json
+	rm -rf $(@D)
+	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/smollm2_135m --out $(@D) --roles $* --workflows mas --episodes 500 \
+	    --steps $(REAL_SFT_STEPS) --batch-size 8 --lr 1e-3 --lora-rank 8 --lora-alpha 16 --p-correct '$(REPRO_DEMOS)' --env-kwargs '$(REPRO_ENV)'
+
+real-warm-start: $(ARTIFACTS)/smollm2_135m_tool_adapter/adapter_config.json $(ARTIFACTS)/smollm2_135m_plan_adapter/adapter_config.json  ## the real model's LoRA adapter per role, warm-started by verl's SFT trainer
+
+reproduce-real: real-warm-start data-plan_path_4x4_short  ## the real model (SmolLM2-135M, an adapter per role) on the reproduction's task, before and after AT-GRPO
+	$(PY) -m pettingllms_verl.eval.reproduce --methods real --seeds $(REAL_SEEDS) --episodes $(REAL_TEST) --out $(ARTIFACTS)/reproduce_real
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count. The command is printed with the environment it needs, so that it
