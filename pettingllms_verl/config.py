@@ -322,6 +322,8 @@ def load(section: Any) -> PettingLLMsConfig:
             if key in MOVED_KEYS:
                 raise SettingsError(f"{SECTION}.{key}: moved to {SECTION}.{MOVED_KEYS[key]}.{key}")
     try:
+        if isinstance(section, DictConfig):  # resolved where it lives: its paths point into the whole config (${pettingllms.paths.artifacts}/...)
+            section = OmegaConf.to_container(section, resolve=True)
         merged = OmegaConf.merge(schema, section if section is not None else {})
         settings: PettingLLMsConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:

@@ -270,6 +270,16 @@ def test_an_adapter_path_of_another_rank_is_refused(tmp_path, plan_path_rows, ti
     assert error.value.key == "pettingllms.policies.tool_adapter.adapter.rank"
 
 
+def test_an_adapter_path_may_point_into_the_whole_config(tmp_path, plan_path_rows, tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=8, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+    config = two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **{"pettingllms.paths.artifacts": str(tmp_path),
+                                                                        "pettingllms.policies.tool_adapter.adapter.path": "${pettingllms.paths.artifacts}/adapter"})
+    check(config)  # as recipes write it: the section is read where it lives, not cut off from the config
+
+
 def mas_config(tmp_path, **overrides):
     """A valid multi-agent config: the mas_sync trainer, its manager, a tree with rollout.n=1."""
     base = {
