@@ -438,7 +438,7 @@ def test_passes_preflight_once_its_model_and_data_exist(name, recipe, datasets, 
     cfg = recipe(name)[0].copy()
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(tmp_path)
-    for policy in cfg.pettingllms.policies.values():  # an adapter's start folder (make real-warm-start): a peft folder of its rank
+    for policy in (cfg.pettingllms.get("policies") or {}).values():  # an adapter's start folder (make real-warm-start): a peft folder of its rank
         if (policy or {}).get("adapter") and policy.adapter.get("path") and not Path(policy.adapter.path).is_dir():
             from peft import LoraConfig
             from safetensors.torch import save_file
