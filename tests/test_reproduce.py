@@ -200,6 +200,35 @@ def test_a_finished_run_is_kept_and_one_trained_further_or_from_another_warm_sta
         reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args, "mas"))
 
 
+def test_a_resumed_run_keeps_its_whole_curve_once_though_verls_file_logger_starts_anew_at_each_launch(tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    args = reproduce.parse_args(["--methods", "mas", "--out", str(tmp_path / "out")])
+    checkpoints = tmp_path / "out" / "checkpoints" / "mas_s0"
+    plan = iter([(1, 7, 5, 1), (6, 8, 5, 1), (6, 10, 10, 0)])  # a launch: (first step, last step logged, last saved, exit code)
+
+    def main_ppo(command, env, **kwargs):  # as verl: the file logger opens its file with "wb"; steps after the last save are lost
+        first, last, saved, code = next(plan)
+        assert reproduce.finished_steps(checkpoints) == first - 1  # resumed from its last save
+        with open(env["VERL_FILE_LOGGER_PATH"], "w") as log:
+            log.writelines(json.dumps({"step": step, "data": {"mas/success": step / 10}}) + "\n" for step in range(first, last + 1))
+            log.write('{"step": ')  # a line cut short by the kill
+        (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(saved))
+        return subprocess.CompletedProcess(command, code)
+
+    monkeypatch.setattr(reproduce.subprocess, "run", main_ppo)
+    warm = reproduce.warm_start(args, "mas")
+    for _ in range(2):  # killed twice after saving step 5
+        with pytest.raises(reproduce.TrainingFailed):
+            reproduce.train("mas", 0, 10, args, tmp_path / "out", warm)
+    reproduce.train("mas", 0, 10, args, tmp_path / "out", warm)
+    curve = [json.loads(line) for line in (tmp_path / "out" / "logs" / "mas_s0.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in curve] == list(range(1, 11))
+    assert curve[6]["data"]["mas/success"] == 0.7
+    assert not reproduce.launch_log(tmp_path / "out" / "logs", "mas_s0").exists()
+
+
 def _row(label, success, swapped=False, episodes=64, **role_rewards):
     return {"label": label, "success": success, "swapped": swapped, "episodes": episodes,
             "roles": {role: {"reward_mean": reward} for role, reward in role_rewards.items()}}

@@ -128,11 +128,12 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     started_from.write_text(json.dumps(warm))
     if done > steps:
         raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
+    log_dir = out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    keep_curve(log_dir, label, done)
     if done == steps:
         evaluate.say(f"[train {label}] finished earlier ({done} steps): kept")
         return
-    log_dir = out / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(Path(args.recipes).resolve()), "--config-name", METHODS[method][0],
         *args.overrides,
@@ -143,7 +144,7 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
         f"data.seed={seed}",
         f"actor_rollout_ref.rollout.seed={seed}",
     ]
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str((log_dir / f"{label}.jsonl").resolve())}
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(launch_log(log_dir, label).resolve())}
     log_path = log_dir / f"{label}.main_ppo.log"
     evaluate.say(f"[train {label}] main_ppo, steps {done + 1}-{steps}; log: {log_path}")
     started = time.perf_counter()
@@ -152,7 +153,29 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     if code != 0:
         tail = "".join(open(log_path, errors="replace").readlines()[-15:])
         raise TrainingFailed(f"training {label} failed (exit {code}); its log: {log_path}\n{tail}")
+    keep_curve(log_dir, label, steps)
     evaluate.say(f"[train {label}] done in {time.perf_counter() - started:.0f} s")
+
+
+def launch_log(log_dir: Path, label: str) -> Path:
+    """The file verl's file logger writes in one ``main_ppo`` launch of a run (it starts the file anew)."""
+    return log_dir / f"{label}.launch.jsonl"
+
+
+def keep_curve(log_dir: Path, label: str, upto: int) -> None:
+    """Fold the last launch's log (``launch_log``) into the run's curve, ``<label>.jsonl``, keeping the
+    steps up to ``upto``: a run resumed from its checkpoint at step ``upto`` plays the later ones again."""
+    curve, launch = log_dir / f"{label}.jsonl", launch_log(log_dir, label)
+    lines = [line for path in (curve, launch) if path.is_file() for line in path.read_text().splitlines() if line.strip()]
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= upto:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):  # a line cut short by a kill
+            continue
+    curve.write_text("".join(line + "\n" for line in kept))
+    launch.unlink(missing_ok=True)
 
 
 def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict) -> dict[str, str]:
