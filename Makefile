@@ -168,8 +168,10 @@ $(ARTIFACTS)/smollm2_135m_%_adapter/adapter_config.json: pettingllms_verl/models
 
 real-warm-start: $(ARTIFACTS)/smollm2_135m_tool_adapter/adapter_config.json $(ARTIFACTS)/smollm2_135m_plan_adapter/adapter_config.json  ## the real model's LoRA adapter per role, warm-started by verl's SFT trainer
 
+# --jobs 1: the trained and swapped evaluations one after the other, each with both cores, so that one
+# rollout server (up to ~7 GB) is in memory at a time
 reproduce-real: real-warm-start data-plan_path_4x4_short  ## the real model (SmolLM2-135M, an adapter per role) on the reproduction's task, before and after AT-GRPO
-	$(PY) -m pettingllms_verl.eval.reproduce --methods real --seeds $(REAL_SEEDS) --episodes $(REAL_TEST) --out $(ARTIFACTS)/reproduce_real
+	$(PY) -m pettingllms_verl.eval.reproduce --methods real --seeds $(REAL_SEEDS) --episodes $(REAL_TEST) --jobs 1 --out $(ARTIFACTS)/reproduce_real
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count. The command is printed with the environment it needs, so that it
