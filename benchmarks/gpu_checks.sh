@@ -42,7 +42,7 @@ for mode in L0:plan_path_mas_atgrpo_cpu L1:plan_path_mas_lora_cpu L2:plan_path_m
     --config-path "$repo/recipes" --config-name "${mode#*:}" trainer.device=cuda trainer.total_training_steps=1 \
     trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 &
 done
-part test_gpu 330 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider --continue-on-collection-errors --basetemp=/tmp/gpu_checks_pytest tests
+part test_gpu 420 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider --continue-on-collection-errors --basetemp=/tmp/gpu_checks_pytest tests
 wait
 grep -E "passed|failed|FAILED|ERROR" "$out/test_gpu.log" | tail -n 15
 # per step: the quickstart test's runs (verl's file logger under the test's tmp dir), then each mode's
