@@ -200,6 +200,25 @@ def test_a_finished_run_is_kept_and_one_trained_further_or_from_another_warm_sta
         reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args, "mas"))
 
 
+def test_a_run_saved_with_other_training_settings_is_refused_but_validation_settings_may_change(tmp_path, monkeypatch):
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    out = tmp_path / "out"
+    args = lambda *sets: reproduce.parse_args(["--out", str(out), *(f"--set={s}" for s in sets)])  # noqa: E731
+    run_dir = out / "checkpoints" / "mas_s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "latest_checkpointed_iteration.txt").write_text("40")
+    (run_dir / "warm_start.json").write_text(json.dumps(reproduce.warm_start(args(), "mas")))
+    reproduce.train("mas", 0, 40, args(), out, reproduce.warm_start(args(), "mas"))  # kept; its settings recorded
+    assert json.loads((run_dir / "settings.json").read_text())["actor_rollout_ref"]["actor"]["optim"]["lr"] == 1e-4
+    changed = args("actor_rollout_ref.actor.optim.lr=5e-4", "data.train_batch_size=8")
+    with pytest.raises(reproduce.ReproduceError, match=r"other settings .*actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.0005; "
+                                                       r"data.train_batch_size: 4 -> 8: delete that folder"):
+        reproduce.train("mas", 0, 40, changed, out, reproduce.warm_start(changed, "mas"))
+    later = args("data.val_batch_size=8", "trainer.test_freq=20", "trainer.save_freq=10")  # how it validates and saves
+    reproduce.train("mas", 0, 40, later, out, reproduce.warm_start(later, "mas"))
+    assert reproduce.changed_keys({"a": {"b": 1, "c": [1]}}, {"a": {"b": 1, "c": [2]}, "d": None}) == ["a.c: [1] -> [2]", "d: (unset) -> None"]
+
+
 def test_a_resumed_run_keeps_its_whole_curve_once_though_verls_file_logger_starts_anew_at_each_launch(tmp_path, monkeypatch):
     import subprocess
 

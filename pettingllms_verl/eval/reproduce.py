@@ -40,6 +40,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from pettingllms_verl.eval import __main__ as evaluate
 from pettingllms_verl.eval import plots, runs
 from pettingllms_verl.eval.results import binomial_se
@@ -113,9 +115,10 @@ def finished_steps(checkpoints: Path) -> int:
         return 0
 
 
-def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path, warm: dict) -> None:
-    """One training run through ``main_ppo`` from ``warm`` (``warm_start(args, method)``); resumes from its
-    last checkpoint, skips when finished."""
+def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path, warm: dict, settings: dict | None = None) -> None:
+    """One training run through ``main_ppo`` from ``warm`` (``warm_start(args, method)``) with ``settings``
+    (``training_settings(method, args)``, composed here when None); resumes from its last checkpoint, skips
+    when finished. Refuses a run saved from another warm start or with other settings."""
     label = run_label(method, seed)
     checkpoints = out / "checkpoints" / label
     done = finished_steps(checkpoints)
@@ -124,8 +127,17 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
         models = ", ".join(f"{policy} {start['model']}" for policy, start in warm.items())
         raise ReproduceError(f"{checkpoints} was trained from another warm start than it has now ({models}): "
                              "delete that folder (or the whole --out) to train again, or use another --out")
+    settings = training_settings(method, args) if settings is None else settings
+    settings_file = checkpoints / "settings.json"
+    if done and settings_file.is_file():
+        changed = changed_keys(json.loads(settings_file.read_text()), settings)
+        if changed:
+            raise ReproduceError(f"{checkpoints} was trained with other settings than its recipe (with --set) has now: "
+                                 f"{'; '.join(changed[:5])}{f' and {len(changed) - 5} more' if len(changed) > 5 else ''}: "
+                                 "delete that folder to train again with these, or use another --out")
     checkpoints.mkdir(parents=True, exist_ok=True)
     started_from.write_text(json.dumps(warm))
+    settings_file.write_text(json.dumps(settings))  # a run saved before settings were recorded: recorded from here on
     if done > steps:
         raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
     log_dir = out / "logs"
@@ -157,6 +169,24 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     evaluate.say(f"[train {label}] done in {time.perf_counter() - started:.0f} s")
 
 
+def training_settings(method: str, args: argparse.Namespace) -> dict:
+    """What a run's weights depend on besides its warm start: ``method``'s recipe with ``--set``, less
+    ``trainer`` (steps, cadence, logging) and the validation data's keys, which a resumed run may change."""
+    cfg = OmegaConf.to_container(runs.compose(METHODS[method][0], args.overrides, Path(args.recipes)), enum_to_str=True)
+    cfg.pop("trainer", None)
+    cfg["data"] = {key: value for key, value in cfg.get("data", {}).items() if not key.startswith("val_")}
+    return json.loads(json.dumps(cfg))  # as it is read back from settings.json
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+    """``key: old -> new`` for each dotted key whose value differs between two nested settings."""
+    import pandas as pd
+
+    flat_old, flat_new = (pd.json_normalize(d, sep=".").iloc[0].to_dict() for d in (old, new))
+    return [f"{key}: {flat_old.get(key, '(unset)')} -> {flat_new.get(key, '(unset)')}"
+            for key in sorted(flat_old.keys() | flat_new.keys()) if flat_old.get(key, "(unset)") != flat_new.get(key, "(unset)")]
+
+
 def launch_log(log_dir: Path, label: str) -> Path:
     """The file verl's file logger writes in one ``main_ppo`` launch of a run (it starts the file anew)."""
     return log_dir / f"{label}.launch.jsonl"
@@ -184,8 +214,9 @@ def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict) -> di
     failed ones. Any other error (a run from another warm start, Ctrl-C) drops the runs not started;
     those running finish, and each resumes where it stopped on the next invocation."""
     failed = {}
+    settings = {method: training_settings(method, args) for method in args.methods}  # composed here: Hydra's global state is for one thread
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process
-        futures = {pool.submit(train, method, seed, steps, args, out, warm[method]): run_label(method, seed)
+        futures = {pool.submit(train, method, seed, steps, args, out, warm[method], settings[method]): run_label(method, seed)
                     for seed in args.seeds for method in args.methods}
         try:
             for future in as_completed(futures):
