@@ -15,7 +15,8 @@ noisy demonstrations, and methods with the same steps, replies per step and opti
   (``plan_path_mas_lora_smollm2_repro_cpu``), also evaluated swapped.
 
 Each method trains once per seed through ``main_ppo`` (validating on the val split; a rerun resumes
-a run cut short and skips a finished one), ``--jobs`` runs at once. ``pettingllms-eval`` then plays each method's
+a run cut short and skips a finished one; it refuses one saved from another warm start or with other
+training settings), ``--jobs`` runs at once. ``pettingllms-eval`` then plays each method's
 recipe at its warm start ("before") and each run's best step on val ("after") on the test split. ``--set`` can
 start the roles of ``per_role`` apart, e.g. ``--methods per_role --set
 ++pettingllms.policies.plan_policy.overrides.model.path=DIR``. A training run that fails is reported
@@ -211,7 +212,7 @@ def keep_curve(log_dir: Path, label: str, upto: int) -> None:
 def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict) -> dict[str, str]:
     """Every (seed, method) run from ``warm`` (method -> ``warm_start(args, method)``), ``--jobs`` at
     once. A run whose training fails is recorded and the others go on: returns label -> why, for the
-    failed ones. Any other error (a run from another warm start, Ctrl-C) drops the runs not started;
+    failed ones. Any other error (a run from another warm start or with other settings, Ctrl-C) drops the runs not started;
     those running finish, and each resumes where it stopped on the next invocation."""
     failed = {}
     settings = {method: training_settings(method, args) for method in args.methods}  # composed here: Hydra's global state is for one thread
