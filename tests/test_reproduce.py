@@ -162,12 +162,13 @@ def test_training_runs_go_jobs_at_once_and_a_failed_one_is_reported_while_the_ot
 
     monkeypatch.setattr(reproduce.subprocess, "run", main_ppo)
     args = reproduce.parse_args(["--methods", "sa", "--seeds", "0,1,2", "--jobs", "2", "--out", str(tmp_path / "out")])
-    reproduce.train_all(40, args, tmp_path / "out", {"sa": reproduce.warm_start(args, "sa")})
+    reproduce.train_all(40, args, tmp_path / "out", {"sa": reproduce.warm_start(args, "sa")}, {"sa": reproduce.training_settings("sa", args)})
     assert sorted(trained) == ["sa_s0", "sa_s1", "sa_s2"]
     assert capsys.readouterr().out.count("] done in") == 3
     trained.clear()
     failing = reproduce.parse_args(["--methods", "sa", "--seeds", "9,8", "--jobs", "1", "--out", str(tmp_path / "out")])
-    failed = reproduce.train_all(40, failing, tmp_path / "out", {"sa": reproduce.warm_start(failing, "sa")})
+    failed = reproduce.train_all(40, failing, tmp_path / "out", {"sa": reproduce.warm_start(failing, "sa")},
+                                 {"sa": reproduce.training_settings("sa", failing)})
     assert list(failed) == ["sa_s9"] and "training sa_s9 failed (exit 1)" in failed["sa_s9"]
     assert trained == ["sa_s9", "sa_s8"]  # the run after the failed one still trained
     assert "[train sa_s9] FAILED" in capsys.readouterr().out
@@ -200,23 +201,38 @@ def test_a_finished_run_is_kept_and_one_trained_further_or_from_another_warm_sta
         reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args, "mas"))
 
 
-def test_a_run_saved_with_other_training_settings_is_refused_but_validation_settings_may_change(tmp_path, monkeypatch):
+def test_a_run_saved_with_other_training_settings_is_refused_before_anything_runs_but_how_it_validates_may_change(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
     out = tmp_path / "out"
-    args = lambda *sets: reproduce.parse_args(["--out", str(out), *(f"--set={s}" for s in sets)])  # noqa: E731
+    args = lambda *sets: reproduce.parse_args(["--methods", "mas", "--seeds", "0", "--out", str(out), *(f"--set={s}" for s in sets)])  # noqa: E731
     run_dir = out / "checkpoints" / "mas_s0"
     run_dir.mkdir(parents=True)
     (run_dir / "latest_checkpointed_iteration.txt").write_text("40")
     (run_dir / "warm_start.json").write_text(json.dumps(reproduce.warm_start(args(), "mas")))
-    reproduce.train("mas", 0, 40, args(), out, reproduce.warm_start(args(), "mas"))  # kept; its settings recorded
-    assert json.loads((run_dir / "settings.json").read_text())["actor_rollout_ref"]["actor"]["optim"]["lr"] == 1e-4
-    changed = args("actor_rollout_ref.actor.optim.lr=5e-4", "data.train_batch_size=8")
-    with pytest.raises(reproduce.ReproduceError, match=r"other settings .*actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.0005; "
-                                                       r"data.train_batch_size: 4 -> 8: delete that folder"):
+    reproduce.train("mas", 0, 40, args(), out, reproduce.warm_start(args(), "mas"))  # kept; saved before settings were recorded
+    assert "not checked; the current ones recorded" in capsys.readouterr().out
+    saved = reproduce.training_settings("mas", args())
+    assert json.loads((run_dir / "settings.json").read_text()) == saved
+    lr, batch = saved["actor_rollout_ref.actor.optim.lr"], saved["data.train_batch_size"]
+    changed = args(f"actor_rollout_ref.actor.optim.lr={lr * 5}", f"data.train_batch_size={batch * 2}")
+    refusal = (rf"trained with other settings .* \(saved -> now\): actor_rollout_ref.actor.optim.lr: {lr} -> {lr * 5}; "
+               rf"data.train_batch_size: {batch} -> {batch * 2}\. Set them back")
+    with pytest.raises(reproduce.ReproduceError, match=refusal):
         reproduce.train("mas", 0, 40, changed, out, reproduce.warm_start(changed, "mas"))
-    later = args("data.val_batch_size=8", "trainer.test_freq=20", "trainer.save_freq=10")  # how it validates and saves
+
+    def no_evaluation(*a, **k):
+        raise AssertionError("the refusal must come before the evaluation")
+
+    monkeypatch.setattr(reproduce, "evaluate_runs", no_evaluation)
+    assert reproduce.main(["--methods", "mas", "--seeds", "0", "--out", str(out), f"--set=data.train_batch_size={batch * 2}"]) == 1
+    assert "data.train_batch_size" in capsys.readouterr().err
+    later = args("data.val_batch_size=8", "trainer.test_freq=20", "trainer.save_freq=10", "data.seed=3",
+                 "actor_rollout_ref.rollout.val_kwargs.temperature=0.5")  # how it validates and saves; the seed is the command's
     reproduce.train("mas", 0, 40, later, out, reproduce.warm_start(later, "mas"))
-    assert reproduce.changed_keys({"a": {"b": 1, "c": [1]}}, {"a": {"b": 1, "c": [2]}, "d": None}) == ["a.c: [1] -> [2]", "d: (unset) -> None"]
+    assert reproduce.changed_keys({"a": 1, "b": True, "c": [1]}, {"a": 1.0, "b": 1, "c": [1], "new": 0}) == ["a: 1 -> 1.0", "b: true -> 1"]
+    (run_dir / "settings.json").write_text("{")  # cut short mid-write by hand
+    with pytest.raises(reproduce.ReproduceError, match="settings.json: unreadable"):
+        reproduce.train("mas", 0, 40, args(), out, reproduce.warm_start(args(), "mas"))
 
 
 def test_a_resumed_run_keeps_its_whole_curve_once_though_verls_file_logger_starts_anew_at_each_launch(tmp_path, monkeypatch):

@@ -116,31 +116,48 @@ def finished_steps(checkpoints: Path) -> int:
         return 0
 
 
-def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path, warm: dict, settings: dict | None = None) -> None:
-    """One training run through ``main_ppo`` from ``warm`` (``warm_start(args, method)``) with ``settings``
-    (``training_settings(method, args)``, composed here when None); resumes from its last checkpoint, skips
-    when finished. Refuses a run saved from another warm start or with other settings."""
-    label = run_label(method, seed)
-    checkpoints = out / "checkpoints" / label
+def check_saved(checkpoints: Path, steps: int, warm: dict, settings: dict) -> int:
+    """The steps a run's ``checkpoints`` hold (0 when none), refusing a run saved from another warm start
+    or with other settings (``training_settings``) than ``warm`` and ``settings``, or with more steps."""
     done = finished_steps(checkpoints)
-    started_from = checkpoints / "warm_start.json"
-    if done and (json.loads(started_from.read_text()) if started_from.is_file() else None) != warm:
+    if not done:
+        return 0
+    saved = {}
+    for name in ("warm_start", "settings"):
+        path = checkpoints / f"{name}.json"
+        try:
+            saved[name] = json.loads(path.read_text()) if path.is_file() else None
+        except (OSError, ValueError) as error:
+            raise ReproduceError(f"{path}: unreadable ({error}); delete {checkpoints} to train that run again") from None
+    if saved["warm_start"] != warm:
         models = ", ".join(f"{policy} {start['model']}" for policy, start in warm.items())
         raise ReproduceError(f"{checkpoints} was trained from another warm start than it has now ({models}): "
                              "delete that folder (or the whole --out) to train again, or use another --out")
-    settings = training_settings(method, args) if settings is None else settings
-    settings_file = checkpoints / "settings.json"
-    if done and settings_file.is_file():
-        changed = changed_keys(json.loads(settings_file.read_text()), settings)
-        if changed:
-            raise ReproduceError(f"{checkpoints} was trained with other settings than its recipe (with --set) has now: "
-                                 f"{'; '.join(changed[:5])}{f' and {len(changed) - 5} more' if len(changed) > 5 else ''}: "
-                                 "delete that folder to train again with these, or use another --out")
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    started_from.write_text(json.dumps(warm))
-    settings_file.write_text(json.dumps(settings))  # a run saved before settings were recorded: recorded from here on
+    changed = changed_keys(saved["settings"], settings) if saved["settings"] is not None else []
+    if changed:
+        more = f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
+        raise ReproduceError(f"{checkpoints} was trained with other settings than its recipe and --set give now (saved -> now): "
+                             f"{'; '.join(changed[:5])}{more}. Set them back (the recipe, or --set KEY=VALUE), "
+                             "delete that folder to train again, or use another --out")
     if done > steps:
         raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
+    return done
+
+
+def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path, warm: dict, settings: dict | None = None) -> None:
+    """One training run through ``main_ppo`` from ``warm`` (``warm_start(args, method)``) with ``settings``
+    (``training_settings(method, args)``, composed here when None); resumes from its last checkpoint, skips
+    when finished; ``check_saved`` says what it refuses."""
+    label = run_label(method, seed)
+    checkpoints = out / "checkpoints" / label
+    settings = training_settings(method, args) if settings is None else settings
+    done = check_saved(checkpoints, steps, warm, settings)
+    if done and not (checkpoints / "settings.json").is_file():
+        evaluate.say(f"[train {label}] saved before runs recorded their settings: not checked; the current ones recorded")
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    for name, record in (("warm_start", warm), ("settings", settings)):  # whole or absent: a kill mid-write leaves the old file
+        (checkpoints / f"{name}.json.tmp").write_text(json.dumps(record))
+        os.replace(checkpoints / f"{name}.json.tmp", checkpoints / f"{name}.json")
     log_dir = out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     keep_curve(log_dir, label, done)
@@ -170,22 +187,39 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     evaluate.say(f"[train {label}] done in {time.perf_counter() - started:.0f} s")
 
 
+# keys that do not change what a run learns, which a resumed run may change: its length, cadence, names and
+# paths, validation, profiling, Ray; and the seeds, which the training command sets per run
+NOT_SETTINGS = ("trainer.total_training_steps", "trainer.test_freq", "trainer.save_freq", "trainer.logger", "trainer.project_name",
+                "trainer.experiment_name", "trainer.default_local_dir", "trainer.default_hdfs_dir", "trainer.resume_mode",
+                "trainer.resume_from_path", "trainer.val_before_train", "trainer.val_only", "trainer.log_val_generations",
+                "trainer.rollout_data_dir", "trainer.validation_data_dir", "trainer.max_actor_ckpt_to_keep",
+                "trainer.max_critic_ckpt_to_keep", "trainer.del_local_ckpt_after_load", "trainer.esi_redundant_time",
+                "trainer.ray_wait_register_center_timeout", "data.val_", "data.validation_shuffle", "data.seed",
+                "actor_rollout_ref.rollout.val_kwargs", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.rollout.trace",
+                "ray_kwargs", "global_profiler", "pettingllms.paths")
+
+
 def training_settings(method: str, args: argparse.Namespace) -> dict:
-    """What a run's weights depend on besides its warm start: ``method``'s recipe with ``--set``, less
-    ``trainer`` (steps, cadence, logging) and the validation data's keys, which a resumed run may change."""
+    """What a run's weights depend on besides its warm start: ``method``'s recipe with ``--set`` as dotted
+    key -> value, less ``NOT_SETTINGS`` and the profilers'."""
     cfg = OmegaConf.to_container(runs.compose(METHODS[method][0], args.overrides, Path(args.recipes)), enum_to_str=True)
-    cfg.pop("trainer", None)
-    cfg["data"] = {key: value for key, value in cfg.get("data", {}).items() if not key.startswith("val_")}
-    return json.loads(json.dumps(cfg))  # as it is read back from settings.json
+
+    def flat(node: dict, prefix: str = ""):
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                yield from flat(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    kept = {key: value for key, value in flat(cfg) if not key.startswith(NOT_SETTINGS) and ".profiler." not in key}
+    return json.loads(json.dumps(kept))  # as it is read back from settings.json
 
 
-def changed_keys(old: dict, new: dict) -> list[str]:
-    """``key: old -> new`` for each dotted key whose value differs between two nested settings."""
-    import pandas as pd
-
-    flat_old, flat_new = (pd.json_normalize(d, sep=".").iloc[0].to_dict() for d in (old, new))
-    return [f"{key}: {flat_old.get(key, '(unset)')} -> {flat_new.get(key, '(unset)')}"
-            for key in sorted(flat_old.keys() | flat_new.keys()) if flat_old.get(key, "(unset)") != flat_new.get(key, "(unset)")]
+def changed_keys(saved: dict, now: dict) -> list[str]:
+    """``key: saved -> now`` for each key of both ``training_settings`` whose value (or type) differs. A key
+    one side lacks is not compared: a newer verl or plugin adds defaults."""
+    return [f"{key}: {json.dumps(saved[key])} -> {json.dumps(now[key])}" for key in sorted(saved.keys() & now.keys())
+            if (type(saved[key]), saved[key]) != (type(now[key]), now[key])]
 
 
 def launch_log(log_dir: Path, label: str) -> Path:
@@ -209,13 +243,13 @@ def keep_curve(log_dir: Path, label: str, upto: int) -> None:
     launch.unlink(missing_ok=True)
 
 
-def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict) -> dict[str, str]:
-    """Every (seed, method) run from ``warm`` (method -> ``warm_start(args, method)``), ``--jobs`` at
-    once. A run whose training fails is recorded and the others go on: returns label -> why, for the
-    failed ones. Any other error (a run from another warm start or with other settings, Ctrl-C) drops the runs not started;
-    those running finish, and each resumes where it stopped on the next invocation."""
+def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict, settings: dict) -> dict[str, str]:
+    """Every (seed, method) run from ``warm`` (method -> ``warm_start(args, method)``) with ``settings``
+    (method -> ``training_settings(method, args)``), ``--jobs`` at once. A run whose training fails is
+    recorded and the others go on: returns label -> why, for the failed ones. Any other error (a run
+    from another warm start or with other settings, Ctrl-C) drops the runs not started; those running
+    finish, and each resumes where it stopped on the next invocation."""
     failed = {}
-    settings = {method: training_settings(method, args) for method in args.methods}  # composed here: Hydra's global state is for one thread
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process
         futures = {pool.submit(train, method, seed, steps, args, out, warm[method], settings[method]): run_label(method, seed)
                     for seed in args.seeds for method in args.methods}
@@ -448,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
         warm = {method: warm_start(args, method) for method in args.methods}  # composes recipes: Hydra's global state is for one thread
+        settings = {method: training_settings(method, args) for method in args.methods}
+        for method in args.methods:  # refused before the "before" evaluation, not an hour into it
+            for seed in args.seeds:
+                check_saved(out / "checkpoints" / run_label(method, seed), steps, warm[method], settings[method])
         # each method's recipe at its warm start, once per distinct team (a model per role may start its roles apart: --set)
         sources = before_sources(args.methods, warm)
         before_specs = [f"{name}={METHODS[name][0]}" for name in args.methods if sources[name] == name]
@@ -455,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         if before is None:
             before = evaluate_runs(before_specs, args, out / "before", swap=False)
             (out / "before" / "fingerprint.json").write_text(json.dumps(fingerprint(before_specs, args, warm)))
-        failed = train_all(steps, args, out, warm)
+        failed = train_all(steps, args, out, warm, settings)
         after_specs = [f"{run_label(m, s)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, s)}"
                        for s in args.seeds for m in args.methods if run_label(m, s) not in failed]
         after = evaluate_runs(after_specs, args, out / "after") if after_specs else {"rows": []}
