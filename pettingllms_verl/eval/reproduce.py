@@ -46,6 +46,7 @@ from omegaconf import OmegaConf
 from pettingllms_verl.eval import __main__ as evaluate
 from pettingllms_verl.eval import plots, runs
 from pettingllms_verl.eval.results import binomial_se
+from pettingllms_verl.files import write_whole
 
 METHODS = {  # name -> (recipe, what the tables call it)
     "sa": ("plan_path_sa_grpo_repro_cpu", "SA + GRPO"),
@@ -155,9 +156,8 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     if done and not (checkpoints / "settings.json").is_file():
         evaluate.say(f"[train {label}] saved before runs recorded their settings: not checked; the current ones recorded")
     checkpoints.mkdir(parents=True, exist_ok=True)
-    for name, record in (("warm_start", warm), ("settings", settings)):  # whole or absent: a kill mid-write leaves the old file
-        (checkpoints / f"{name}.json.tmp").write_text(json.dumps(record))
-        os.replace(checkpoints / f"{name}.json.tmp", checkpoints / f"{name}.json")
+    for name, record in (("warm_start", warm), ("settings", settings)):  # a kill mid-write leaves the old file
+        write_whole(checkpoints / f"{name}.json", json.dumps(record))
     log_dir = out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     keep_curve(log_dir, label, done)

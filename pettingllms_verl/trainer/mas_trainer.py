@@ -49,6 +49,7 @@ from verl.workers.rollout.llm_server import LLMServerManager
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
 from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, ROW_TEMPERATURE, SECTION, VAL_METRICS, load, policy_config
+from pettingllms_verl.files import write_whole
 from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
@@ -98,14 +99,6 @@ def _with_column(batches, name: str, value):
     for batch in batches:
         batch[name] = np.full(len(batch["raw_prompt"]), value, dtype=object)
         yield batch
-
-
-def _write_whole(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` under a temporary name and rename it: a reader (or a run killed
-    mid-write) never sees half a file."""
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 def check_groups_within_policies(index, policies: list[str]) -> None:
@@ -497,7 +490,7 @@ class MASTrainer(PPOTrainerSync):
             path = os.path.join(step_dir, VAL_METRICS)
             files = self.config.data.val_files
             record = {"global_step": self.global_steps, "val_files": [files] if isinstance(files, str) else list(files), "metrics": metrics}
-            _write_whole(path, json.dumps(record, indent=1, default=float))  # default: numpy scalars
+            write_whole(path, json.dumps(record, indent=1, default=float))  # default: numpy scalars
         return metrics
 
     # ------------------------------ checkpoints ------------------------------
@@ -526,7 +519,7 @@ class MASTrainer(PPOTrainerSync):
         shutil.rmtree(step_dir, ignore_errors=True)  # a stale one (e.g. a run restarted from an earlier step)
         os.replace(partial, step_dir)
         tracker = os.path.join(root, "latest_checkpointed_iteration.txt")
-        _write_whole(tracker, str(self.global_steps))
+        write_whole(tracker, str(self.global_steps))
         self._remove_old_checkpoints(trainer.get("max_actor_ckpt_to_keep", None))
         self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=step_dir, async_save=False)
 
