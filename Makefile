@@ -23,7 +23,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install model real-model real-before-after real-warm-start reproduce-real reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean
+.PHONY: help run install model real-model real-warm-start reproduce-real reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -106,23 +106,6 @@ math:  ## train the math team (tool agent + reasoner) on CPU
 
 code:  ## train the code team (tester + coder) on CPU
 	@$(MAKE) --no-print-directory run RECIPE=$(or $(RECIPE),code_mas_atgrpo_cpu)
-
-# The real model before and after training: SmolLM2-135M with a LoRA adapter per role on Plan-Path
-# 6x6 (plan_path_mas_lora_smollm2_cpu). Evaluates the base model on the test split, trains REAL_STEPS
-# steps (validating and saving every 5: the evaluation then takes the best step on val), evaluates
-# again (as trained and with the two adapters swapped), and draws the curves. A rerun resumes the
-# training from its last checkpoint; `rm -rf $(ARTIFACTS)/checkpoints/plan_path_mas_lora_smollm2_cpu`
-# starts it over.
-REAL_STEPS ?= 10
-REAL_EPISODES ?= 32
-REAL_RUN := plan_path_mas_lora_smollm2_cpu
-run_eval = $(PY) -m pettingllms_verl.eval --episodes $(REAL_EPISODES)
-real-before-after: $(call recipe_needs,$(REAL_RUN))  ## the real model on Plan-Path: evaluate, train REAL_STEPS steps, evaluate again, plot
-	$(run_eval) $(REAL_RUN) --out $(ARTIFACTS)/eval/$(REAL_RUN)/before
-	@$(call run_recipe,$(REAL_RUN),trainer.total_training_steps=$(REAL_STEPS) trainer.test_freq=5 trainer.save_freq=5)
-	$(run_eval) $(REAL_RUN)@$(ARTIFACTS)/checkpoints/$(REAL_RUN) --out $(ARTIFACTS)/eval/$(REAL_RUN)/after
-	$(PY) -m pettingllms_verl.eval.plots --curves $(REAL_RUN)=$(VERL_FILE_LOGGER_ROOT)/pettingllms_verl/$(REAL_RUN).jsonl \
-	    --results $(ARTIFACTS)/eval/$(REAL_RUN)/before/results.json --results $(ARTIFACTS)/eval/$(REAL_RUN)/after/results.json --out $(ARTIFACTS)/eval/$(REAL_RUN)
 
 # The reproduction of "MAS + AT-GRPO beats SA + GRPO" on CPU (pettingllms_verl/eval/reproduce.py):
 # Plan-Path 4x4 in one turn, routes of 2-3 moves, the tiny model warm-started by verl's SFT trainer on
