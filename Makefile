@@ -143,7 +143,7 @@ reproduce: model-plan-path-demos data-plan_path_4x4_short  ## MAS + AT-GRPO agai
 # the training from its last checkpoint and keeps a finished one.
 REAL_SFT_STEPS ?= 60
 REAL_SEEDS ?= 0
-REAL_TEST ?= 256
+REAL_TEST ?= 1024
 $(ARTIFACTS)/smollm2_135m_%_adapter/adapter_config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/smollm2_135m/config.json
 	rm -rf $(@D)
 	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/smollm2_135m --out $(@D) --roles $* --workflows mas --episodes 500 \
