@@ -23,6 +23,7 @@ pettingllms:
   trainer:                 # knobs of the mas_sync trainer
     mini_batches_per_step: null    # optimizer steps per policy per training step (null: verl's ppo_mini_batch_size rows each)
     replay_poll_interval_s: null   # how often verl's replay buffer polls for finished episodes (null: verl's 2 s)
+    fault_budget: 0.5              # above this share of a step's episodes ended by a fault, the run stops
 ```
 """
 
@@ -141,6 +142,7 @@ class TrainerConfig:
 
     mini_batches_per_step: Optional[int] = key("optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)")
     replay_poll_interval_s: Optional[float] = key("how often verl's replay buffer polls for finished episodes (verl: 2 s)")
+    fault_budget: float = key("largest share of a training step's (or a validation pass's) episodes that may end by a fault (engine_error, env_error) before the run stops; a dead engine stops it always", 0.5)
 
 
 # keys that moved out of the top level of the section: old key -> its sub-section
@@ -240,6 +242,8 @@ class PettingLLMsConfig:
         mini_batches = self.trainer.mini_batches_per_step
         if mini_batches is not None and mini_batches < 1:
             raise SettingsError(f"{SECTION}.trainer.mini_batches_per_step: {mini_batches}; need at least 1 (or null)")
+        if not 0.0 <= self.trainer.fault_budget <= 1.0:
+            raise SettingsError(f"{SECTION}.trainer.fault_budget: {self.trainer.fault_budget}; a share of episodes, in [0, 1]")
         table = self.policy_table()
         for name, policy in table.items():
             key = f"{SECTION}.policies.{name}"

@@ -114,6 +114,9 @@ def test_summary_counts_chosen_replies_per_role():
     ]
     summary = results.summarize(records)
     assert (summary["episodes"], summary["success"], summary["end_causes"]) == (2, 0.5, {"env_error": 1})
+    assert summary["faults"] == {"env_error": 1}
+    truncated = results.summarize([episode(3, False, [], end_cause="max_turns")])
+    assert truncated["end_causes"] == {"max_turns": 1} and truncated["faults"] == {}  # running out of turns is no fault
     assert summary["success_se"] == pytest.approx(0.5 / 2 ** 0.5)
     assert summary["roles"]["tool"] == {"replies": 2, "reward_mean": 0.5, "parse_failure_rate": 0.5}  # the unchosen branch does not count
     assert summary["roles"]["plan"] == {"replies": 1, "reward_mean": 0.5, "parse_failure_rate": 0.0}  # nor the placeholder
@@ -140,12 +143,14 @@ def test_damaged_logs(tmp_path, capsys):
         results.read_episode_dir(str(tmp_path))
 
 
-def test_markdown_table_has_a_column_per_role_and_marks_swapped_runs():
+def test_markdown_table_has_a_column_per_role_and_marks_swapped_runs_and_faults():
     row = {"label": "l2", "env": "plan_path", "method": "MAS (per-role policies, full models)", "step": 3, "episodes": 4,
-           "success": 0.25, "success_se": 0.2166, "roles": {"tool": {"reward_mean": 0.1, "parse_failure_rate": 0.5}}}
-    table = results.markdown([dict(row, swapped=False), dict(row, swapped=True)], "test")
-    assert "| method | run | weights | episodes | success | tool reward | tool parse fail |" in table
-    assert "| MAS (per-role policies, full models) swapped | l2 | step 3 | 4 | 0.250 ± 0.217 | 0.100 | 0.50 |" in table
+           "success": 0.25, "success_se": 0.2166, "roles": {"tool": {"reward_mean": 0.1, "parse_failure_rate": 0.5}}, "faults": {}}
+    table = results.markdown([dict(row, swapped=False), dict(row, swapped=True, faults={"env_error": 1, "engine_error": 2})], "test")
+    assert "| method | run | weights | episodes | success | faults | tool reward | tool parse fail |" in table
+    assert "| MAS (per-role policies, full models) | l2 | step 3 | 4 | 0.250 ± 0.217 | none | 0.100 | 0.50 |" in table
+    assert ("| MAS (per-role policies, full models) swapped | l2 | step 3 | 4 | 0.250 ± 0.217 (faults) | engine_error 2, env_error 1 "
+            "| 0.100 | 0.50 |") in table
 
 
 def test_plots_draw_each_metric_per_run_with_seeds_as_a_band(tmp_path):

@@ -8,6 +8,7 @@ import os
 import signal
 
 import pytest
+import ray
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
@@ -19,6 +20,7 @@ from pettingllms_verl.envs.plan_path.env import PlanPathEnv
 from pettingllms_verl.rollout import agent_loop
 from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
 from pettingllms_verl.rollout.episode import ERRORS
+from pettingllms_verl.rollout.faults import FaultTally, RunStopped
 from pettingllms_verl.trainer.mas_trainer import episode_metrics
 
 K = 2
@@ -52,17 +54,19 @@ class FaultyPlanPath(PlanPathEnv):
 
 
 class ScriptedServer:
-    """Answers every request with one fixed reply; raises from request ``fail_from`` on."""
+    """Answers every request with one fixed reply; raises ``error`` (default: a failed request) from
+    request ``fail_from`` on."""
 
-    def __init__(self, tokenizer, fail_from: int | None = None):
+    def __init__(self, tokenizer, fail_from: int | None = None, error: Exception | None = None):
         self.reply = tokenizer.encode("no idea")  # unparseable: no move, the episode never ends by itself
         self.calls, self.fail_from, self.request_ids = 0, fail_from, []
+        self.error = error or RuntimeError("the engine failed this batch")
 
     async def generate(self, request_id, prompt_ids, sampling_params, policy=None):
         self.calls += 1
         self.request_ids.append(request_id)
         if self.fail_from is not None and self.calls >= self.fail_from:
-            raise RuntimeError("the engine failed this batch")
+            raise self.error
         return TokenOutput(token_ids=self.reply, log_probs=[-0.5] * len(self.reply), extra_fields={"policy": policy, "global_steps": 0})
 
 
@@ -145,6 +149,43 @@ def test_an_engine_error_before_any_reply_leaves_one_untrained_row_for_the_episo
     assert output.extra_fields["mas_success"] is False
 
 
+def test_a_dead_server_ends_the_episode_as_engine_dead_naming_the_policy_and_rays_cause(tokenizer):
+    """Ray's ActorDiedError (the actor's process is gone: killed, out of memory) is no failed request:
+    the episode ends ``engine_dead`` with the policy and Ray's message in its row, and the run's fault
+    check stops on it whatever the budget; a server Ray only cannot reach for now stays one request's fault."""
+    died = ray.exceptions.ActorDiedError()  # its message: "The actor died unexpectedly before finishing this task."
+    outputs = play(tokenizer, ScriptedServer(tokenizer, fail_from=3, error=died), fault="step", fault_turn=9)
+    end = end_of(outputs)
+    assert end["mas_end_cause"] == "engine_dead" and end["mas_success"] is False
+    assert "EngineDead: policy 'shared' (role plan): its rollout server is dead. The actor died unexpectedly" in end["mas_error"]
+    tally = FaultTally()
+    tally.add_tags([o.extra_fields for o in outputs])
+    with pytest.raises(RunStopped, match=r"^pettingllms-verl stopped the run: validation: a rollout server is dead \(1 of 1 episodes") as stop:
+        tally.check(budget=1.0, where="validation")
+    assert "--- first engine_dead ---" in str(stop.value) and "The actor died unexpectedly" in str(stop.value)
+    unavailable = play(tokenizer, ScriptedServer(tokenizer, fail_from=1, error=ray.exceptions.ActorUnavailableError("restarting", None)), fault="step", fault_turn=9)
+    assert end_of(unavailable)["mas_end_cause"] == "engine_error"
+
+
+def test_the_fault_budget_is_a_share_of_episodes_and_names_counts_and_first_tracebacks():
+    tally = FaultTally()
+    for cause, error in [(None, None), ("max_turns", None), ("env_error", "Traceback A"), ("env_error", "Traceback B")]:
+        tally.add(cause, error)
+    assert tally.share == 0.5  # a truncation is no fault
+    tally.check(budget=0.5, where="training step 3")  # at the budget: the faults cost their episodes only
+    assert tally.metrics() == {"mas/fault_share": 0.5, "mas/fault_share/engine_error": 0.0, "mas/fault_share/env_error": 0.5,
+                               "mas/fault_share/engine_dead": 0.0}
+    tally.add("engine_error", "Traceback C")
+    with pytest.raises(RunStopped) as stop:
+        tally.check(budget=0.5, where="training step 3")
+    message = str(stop.value)
+    assert message.startswith("pettingllms-verl stopped the run: training step 3: 3 of 5 episodes ended by a fault "
+                              "(engine_error 1, env_error 2), a share of 0.60, over pettingllms.trainer.fault_budget=0.5")
+    assert "--- first engine_error ---\nTraceback C" in message and "--- first env_error ---\nTraceback A" in message
+    assert "Traceback B" not in message  # the first of each cause only
+    FaultTally().check(budget=0.0, where="an empty pass")  # no episodes, no faults
+
+
 def test_faulty_episodes_count_as_failures_per_cause(tokenizer):
     episodes = [
         play(tokenizer, ScriptedServer(tokenizer), fault="step", fault_turn=1),
@@ -158,6 +199,7 @@ def test_faulty_episodes_count_as_failures_per_cause(tokenizer):
     assert metrics["mas/episode_errors"] == 3 and metrics["mas/truncated"] == 2
     assert (metrics["mas/episode_errors/env_error"], metrics["mas/episode_errors/engine_error"]) == (1, 2)
     assert (metrics["mas/truncated/prompt_overflow"], metrics["mas/truncated/max_turns"]) == (1, 1)
+    assert (metrics["mas/fault_share"], metrics["mas/fault_share/engine_error"]) == (3 / 5, 2 / 5)
     # the placeholder row is no reply: it does not count as a parse failure
     assert metrics["mas/parse_failure_rate"] == pytest.approx(
         sum(not o.extra_fields["mas_parse_ok"] for outputs in episodes for o in outputs if not o.extra_fields["mas_placeholder"])

@@ -69,7 +69,9 @@ def test_unknown_registry_name_lists_the_registered_ones(tmp_path, key, typo):
      ("pettingllms.roles.plan.sampling.temprature", "0.5", "Key 'temprature' not in 'SamplingConfig'"),
      ("pettingllms.policies.a.trainble", "false", "Key 'trainble' not in 'PolicyConfig'"),
      ("pettingllms.roles.plan.policy", "nope", "unknown policy 'nope'"),
-     ("pettingllms.policies.a.pool", "mine", "'mine' is not 'shared' or 'own'")],
+     ("pettingllms.policies.a.pool", "mine", "'mine' is not 'shared' or 'own'"),
+     ("pettingllms.trainer.fault_budget", "1.5", "1.5; a share of episodes, in [0, 1]"),
+     ("pettingllms.trainer.fault_budget", "-0.1", "-0.1; a share of episodes, in [0, 1]")],
 )
 def test_bad_pettingllms_section_names_the_key(tmp_path, key, value, problem):
     with pytest.raises(ConfigError) as error:

@@ -38,6 +38,7 @@ from pettingllms_verl import envs
 from pettingllms_verl.config import SECTION, load
 from pettingllms_verl.eval import results, runs
 from pettingllms_verl.eval.runs import EvalError, Run
+from pettingllms_verl.rollout import faults
 
 METHOD_RECIPES = {"sa": "sa_grpo", "mas": "mas_atgrpo"}  # --methods -> recipe mode (<env>_<mode>_<target>)
 
@@ -164,9 +165,18 @@ def play(run: Run, args: argparse.Namespace, out: Path, bar_position: int = 0) -
                 bar.update(done - bar.n)
         bar.update(count_logged(str(run_dir / "episodes")) - bar.n)
     if process.returncode != 0:
-        tail = "".join(open(log_path, errors="replace").readlines()[-15:])
-        raise EvalError(f"run {run.label}: main_ppo exited with {process.returncode}; its log: {log_path}\n{tail}")
+        raise EvalError(f"run {run.label}: main_ppo exited with {process.returncode}; its log: {log_path}\n{why_it_stopped(log_path)}")
     return time.perf_counter() - started
+
+
+def why_it_stopped(log_path: Path, lines: int = 40) -> str:
+    """What a failed main_ppo said: from the first line of a fault stop (``faults.STOPPED``: the
+    counts per cause and their first tracebacks) where there is one, else the log's last 15 lines."""
+    log = open(log_path, errors="replace").readlines()
+    start = next((i for i, line in enumerate(log) if faults.STOPPED in line), None)
+    if start is None:
+        return "".join(log[-15:])
+    return log[start][log[start].index(faults.STOPPED):] + "".join(log[start + 1 : start + lines])
 
 
 def collect(run: Run, out: Path, wall_s: float) -> tuple[list[dict], list[dict]]:

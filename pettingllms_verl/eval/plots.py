@@ -1,8 +1,8 @@
 """Learning curves and the SA-vs-MAS chart as PNG: ``python -m pettingllms_verl.eval.plots``.
 
 Curves come from verl's file-logger JSONL (``trainer.logger=[console,file]``; one line per step):
-team success in training and validation, each role's reward, the parse-failure rate and the
-AT-GRPO group statistics. Several logs of one LABEL (seeds) are drawn as their mean with the
+team success in training and validation (steps where a fault ended episodes marked with a red x),
+each role's reward, the parse-failure rate and the AT-GRPO group statistics. Several logs of one LABEL (seeds) are drawn as their mean with the
 min-max band. The bar chart comes from the evaluation's ``results.json`` (``pettingllms-eval``):
 success per environment and method, with its standard error.
 
@@ -31,6 +31,9 @@ PANELS = {
     "AT-GRPO groups": [r"at_grpo/zero_variance_frac", r"at_grpo/singleton_frac"],
 }
 LEGEND = {"mas/success": "train success", "mas/parse_failure_rate": "parse failures"}
+# share of a step's episodes ended by a fault: the success panel marks the steps that had any (a step
+# over pettingllms.trainer.fault_budget never completes: the run stops on it)
+FAULT_SHARE = "mas/fault_share"
 
 
 def read_curves(paths: list[str]) -> dict[str, np.ndarray]:
@@ -80,6 +83,12 @@ def plot_curves(runs: dict[str, list[str]], out: str) -> tuple[str, dict[str, li
                 line, = ax.plot(at, mean, marker="o", markersize=3, label=drawn[-1])
                 if len(values) > 1:
                     ax.fill_between(at, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=line.get_color(), alpha=0.2)
+            if title == "team success" and FAULT_SHARE in curves:
+                # a step's success counts its faulted episodes as unsolved: mark where any seed had some
+                faulted = np.nanmax(np.nan_to_num(curves[FAULT_SHARE], nan=0.0), axis=0) > 0
+                if faulted.any():
+                    drawn.append(f"{label}: episodes ended by a fault")
+                    ax.scatter(steps[faulted], np.zeros(int(faulted.sum())), marker="x", color="red", zorder=3, label=drawn[-1])
         ax.set_title(title)
         ax.set_xlabel("training step")
         if drawn:

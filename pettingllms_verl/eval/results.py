@@ -12,6 +12,8 @@ import os
 import sys
 from collections import Counter, defaultdict
 
+from pettingllms_verl.rollout.episode import ERRORS
+
 REQUIRED = ("env", "seed", "success", "samples")  # what every episode record has
 
 
@@ -78,6 +80,7 @@ def summarize(records: list[dict]) -> dict:
         "success_se": binomial_se(success, n),
         "turns_mean": sum(r.get("turns", 0) for r in records) / n if n else 0.0,
         "end_causes": dict(Counter(str(r.get("end_cause")) for r in records if r.get("end_cause"))),
+        "faults": dict(Counter(r["end_cause"] for r in records if r.get("end_cause") in ERRORS)),
         "roles": {
             role: {
                 "replies": len(values["reward"]),
@@ -119,16 +122,20 @@ def markdown(rows: list[dict], split: str) -> str:
         by_env[row["env"]].append(row)
     for env, env_rows in by_env.items():
         roles = sorted({role for row in env_rows for role in row["roles"]})
-        header = ["method", "run", "weights", "episodes", "success"] + [f"{role} reward" for role in roles] + [f"{role} parse fail" for role in roles]
+        header = ["method", "run", "weights", "episodes", "success", "faults"] + [f"{role} reward" for role in roles] + [f"{role} parse fail" for role in roles]
         out += [f"## {env}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in env_rows:
             method = row["method"] + (" swapped" if row["swapped"] else "")
             weights = f"step {row['step']}" if row["step"] is not None else "base"
-            cells = [method, row["label"], weights, str(row["episodes"]), f"{row['success']:.3f} ± {row['success_se']:.3f}"]
+            faults = row.get("faults") or {}
+            marked = " (faults)" if faults else ""
+            cells = [method, row["label"], weights, str(row["episodes"]), f"{row['success']:.3f} ± {row['success_se']:.3f}{marked}",
+                     ", ".join(f"{cause} {n}" for cause, n in sorted(faults.items())) or "none"]
             cells += [f"{row['roles'][r]['reward_mean']:.3f}" if r in row["roles"] else "-" for r in roles]
             cells += [f"{row['roles'][r]['parse_failure_rate']:.2f}" if r in row["roles"] else "-" for r in roles]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
-    out.append("success: share of episodes solved (± its binomial standard error); reward: mean role reward of the "
-               "replies played; parse fail: share of a role's replies that could not be read.")
+    out.append("success: share of episodes solved (± its binomial standard error), marked (faults) where some episodes "
+               "ended by a fault, each counted as unsolved; faults: those episodes by cause (engine_error, env_error); "
+               "reward: mean role reward of the replies played; parse fail: share of a role's replies that could not be read.")
     return "\n".join(out) + "\n"

@@ -17,13 +17,15 @@ import traceback
 import uuid
 from typing import Any
 
+import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from pettingllms_verl import envs
 from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
-from pettingllms_verl.rollout.episode import Episode, PromptTooLong, Sample, episode_return, run_episode
+from pettingllms_verl.rollout.episode import EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
+from pettingllms_verl.rollout.faults import TRACEBACK_CHARS
 from pettingllms_verl.targets import load_target
 
 logger = logging.getLogger(__name__)
@@ -105,14 +107,19 @@ class EpisodeAgentLoop(AgentLoopBase):
 
         async def generate(role: str, prompt_ids: list[int], n: int):
             params = self._sampling(sampling_params, role, validate)
-            outputs = await asyncio.gather(
-                *(
-                    self.server_manager.generate(
-                        request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, policy=policies[role]
+            try:
+                outputs = await asyncio.gather(
+                    *(
+                        self.server_manager.generate(
+                            request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, policy=policies[role]
+                        )
+                        for _ in range(n)
                     )
-                    for _ in range(n)
                 )
-            )
+            except ray.exceptions.ActorUnavailableError:
+                raise  # a server Ray is restarting or cannot reach for now: this request's fault alone
+            except ray.exceptions.RayActorError as error:  # the actor died: Ray's message names it and its exit cause
+                raise EngineDead(f"policy {policies[role]!r} (role {role}): its rollout server is dead. {error}") from error
             for out in outputs:
                 weight_versions[role].add(out.extra_fields.get("global_steps"))
                 served_by[role].add(out.extra_fields.get("policy"))
@@ -189,7 +196,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         record = {
             "env": env_name, "seed": seed, "task": task, "validate": validate, "swapped": swapped, "policies": policies, "served_by": served_by,
             "workflow": self.settings.workflow,
-            "success": episode.success, "end_cause": episode.end_cause, "turns": episode.turns,
+            "success": episode.success, "end_cause": episode.end_cause, "error": self._error_text(episode), "turns": episode.turns,
             "final_global_reward": episode.final_global_reward, "started_at": started_at, "finished_at": time.time(),
             "start": episode.start, "samples": samples,
         }
@@ -198,13 +205,19 @@ class EpisodeAgentLoop(AgentLoopBase):
             f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")  # default: an env's odd info value as text
 
     @staticmethod
-    def _log_fault(episode: Episode, env_name: str) -> None:
+    def _error_text(episode: Episode) -> str | None:
+        """The traceback of what ended the episode (its end: the cause is at the bottom), or None."""
+        if episode.error is None:
+            return None
+        return "".join(traceback.format_exception(episode.error))[-TRACEBACK_CHARS:]
+
+    @classmethod
+    def _log_fault(cls, episode: Episode, env_name: str) -> None:
         if episode.error is None or episode.end_cause in _logged_causes:
             return
         _logged_causes.add(episode.end_cause)
-        trace = "".join(traceback.format_exception(episode.error))
         logger.warning(f"pettingllms_episode: a {env_name} episode ended by {episode.end_cause} (first of its kind "
-                       f"in this process; counted in mas/episode_errors or mas/truncated):\n{trace}")
+                       f"in this process; counted in mas/episode_errors or mas/truncated):\n{cls._error_text(episode)}")
 
     def _placeholder(self, role: str) -> Sample:
         """A row for an episode that produced no sample: counted in the episode metrics, masked out
@@ -231,6 +244,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             "mas_episode_end": last,
             "mas_success": episode.success if last else None,
             "mas_end_cause": episode.end_cause if last else None,  # None: the env finished it (episode.TRUNCATIONS, ERRORS)
+            "mas_error": self._error_text(episode) if last else None,  # what ended it (rollout/faults.py quotes the first of each cause)
             "mas_placeholder": sample.placeholder,
             "mas_sandbox_runs": sample.sandbox_runs,  # {sandbox status: runs} of this reply's programs
             "mas_turns": episode.turns if last else None,

@@ -18,7 +18,8 @@ game going gets that value added to its role reward (``branch_value``).
 
 A fault ends the episode, not the step: a prompt over the budget (truncated), an engine error or
 an environment that raises (errors) stop it where it happened; the samples of the nodes already
-played are kept and ``Episode.end_cause`` says why it ended.
+played are kept and ``Episode.end_cause`` says why it ended. Whether the run goes on is the
+trainer's call (``rollout/faults.py``): a dead engine (``EngineDead``) or too many faults stop it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from pettingllms_verl.envs.text import Messages
 
 # Why an episode ended: None = the environment finished it.
 TRUNCATIONS = ("max_turns", "prompt_overflow")  # out of turns | a prompt over the rollout's prompt budget
-ERRORS = ("engine_error", "env_error")  # the engine failed a request | the environment raised
+# the engine failed a request | the environment raised | the engine's server is dead (the run stops)
+ERRORS = ("engine_error", "env_error", "engine_dead")
 
 # (role, prompt ids, n) -> n (token ids, log-probs) replies, sampled independently
 Generate = Callable[[str, list[int], int], Awaitable[list[tuple[list[int], list[float]]]]]
@@ -71,6 +73,12 @@ class Sample:
 
 class PromptTooLong(ValueError):
     """Raised by ``render``: the prompt exceeds the rollout's budget (the episode ends truncated)."""
+
+
+class EngineDead(RuntimeError):
+    """Raised by ``generate``: the server behind the request is gone for good, not failing one
+    request. The episode ends ``engine_dead``; every later request would fail the same way, so the
+    trainer stops the run on it (``rollout/faults.py``)."""
 
 
 class _Ended(Exception):
@@ -209,6 +217,8 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
             started = time.perf_counter()
             try:
                 replies = await generate(role, prompt_ids, k)
+            except EngineDead as error:
+                raise _Ended("engine_dead", error) from error
             except Exception as error:
                 raise _Ended("engine_error", error) from error
             episode.generate_s += time.perf_counter() - started

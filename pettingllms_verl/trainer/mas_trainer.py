@@ -52,6 +52,7 @@ from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, ROW_TEMPERATURE
 from pettingllms_verl.files import write_whole
 from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
+from pettingllms_verl.rollout.faults import FaultTally
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
@@ -65,7 +66,8 @@ ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
 def episode_metrics(tags: list[dict]) -> dict[str, float]:
     """``mas/`` metrics from the rows' ``extra_fields`` (see ``rollout/agent_loop.py``). An episode
     ended by a fault counts as a failure in ``mas/success`` and in ``mas/episode_errors`` or
-    ``mas/truncated`` (and per cause)."""
+    ``mas/truncated`` (and per cause); ``mas/fault_share`` (and per cause) is the share of the
+    step's episodes a fault ended, what the fault budget is held against."""
     metrics: dict[str, float] = {}
     ends = [t for t in tags if t.get("mas_episode_end")]
     if ends:
@@ -77,6 +79,9 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
         for total, kinds in (("mas/episode_errors", ERRORS), ("mas/truncated", TRUNCATIONS)):
             metrics[total] = float(sum(cause in kinds for cause in causes))
             metrics.update({f"{total}/{kind}": float(causes.count(kind)) for kind in kinds})
+        tally = FaultTally()
+        tally.add_tags(ends)
+        metrics.update(tally.metrics())
     replies = [t for t in tags if not t.get("mas_placeholder")]
     metrics["mas/parse_failure_rate"] = float(np.mean([not t["mas_parse_ok"] for t in replies])) if replies else 0.0
     by_role: dict[str, list[float]] = defaultdict(list)
@@ -182,7 +187,28 @@ class MASTrainer(PPOTrainerSync):
         buffer = super()._build_replay_buffer()
         if self.settings.trainer.replay_poll_interval_s is not None:
             buffer.poll_interval = float(self.settings.trainer.replay_poll_interval_s)
+        # Every batch of episodes, training or validation, passes the fault check before anything
+        # uses it: the one place both of verl's loops take finished episodes from.
+        sample = buffer.sample
+
+        def checked_sample(*, global_steps, partition_id, batch_size):
+            batch, metrics = sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+            self._check_faults(batch, partition_id)
+            return batch, metrics
+
+        buffer.sample = checked_sample
         return buffer
+
+    def _check_faults(self, batch: KVBatchMeta, partition_id: str) -> None:
+        """Stop the run (``rollout/faults.py``) on a dead engine, or on more faults than the budget:
+        in training per step, in validation over the pass so far (no further batch is started)."""
+        tags = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"]
+        if partition_id == "val":
+            tally, where = self._val_faults
+        else:
+            tally, where = FaultTally(), f"training step {self.global_steps}"
+        tally.add_tags(list(tags))
+        tally.check(self.settings.trainer.fault_budget, where)
 
     # ------------------------------ building the policies ------------------------------
 
@@ -477,10 +503,13 @@ class MASTrainer(PPOTrainerSync):
         """verl's validation; under ``swap_policies`` a second pass serves each of the two
         policies' roles with the other, reported under ``swap/``. In training, the metrics are
         also written beside the step's checkpoint (``VAL_METRICS``: checkpoints are chosen on them)."""
+        # each pass tallied on its own (_check_faults)
+        self._val_faults = FaultTally(), f"validation at step {self.global_steps}"
         metrics = super()._validate()
         if self.settings.swap_policies:
             plain = self.val_dataloader
             self.val_dataloader = _with_column(plain, SWAPPED_KWARG, True)
+            self._val_faults = FaultTally(), f"swapped validation at step {self.global_steps}"
             try:
                 metrics.update({f"swap/{key}": value for key, value in super()._validate().items()})
             finally:

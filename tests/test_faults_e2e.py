@@ -1,0 +1,124 @@
+"""A result made of failures is not a result: through ``pettingllms-eval`` and ``main_ppo`` on CPU, a
+rollout server killed mid-evaluation stops it (non-zero, the message names the server, no success
+reported); an environment that raises on every episode stops training at the fault budget, the last
+checkpoint intact; one that raises on one episode in twenty costs that episode, counted in the table.
+The faults come on deterministic cues (``faulty_env.py``), never on a timer."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import psutil
+import pytest
+
+import launch
+from test_mas_e2e import RECIPES
+
+pytestmark = pytest.mark.slow
+RECIPE = "plan_path_mas_atgrpo_cpu"  # L0, the hf rollout: one HFRolloutServer
+FAULTY = f"+pettingllms.envs.plan_path={os.path.join(os.path.dirname(__file__), 'faulty_env.py')}:FaultyPlanPath"
+TEST_EPISODES = 20
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+    from pettingllms_verl.models.tiny import build
+
+    root = tmp_path_factory.mktemp("faults")
+    build(str(root / "tiny_model_plan_path"), seed=0)  # untrained: faults, not learning, are under test
+    for split, rows in generate_splits("plan_path", {"train": 8, "val": 2, "test": TEST_EPISODES}, {"size": 6}).items():
+        write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
+    return root
+
+
+def test_one_episode_in_twenty_raising_costs_that_episode_counted_beside_the_success(artifacts):
+    test_seeds = [int(info["seed"]) for info in pd.read_parquet(artifacts / "data" / "plan_path_6x6" / "test.parquet")["extra_info"]]
+    out = artifacts / "eval_one_in_twenty"
+    result = launch.run(
+        [sys.executable, "-m", "pettingllms_verl.eval", RECIPE, "--out", str(out), "--recipes", RECIPES,
+         "--set", FAULTY, "--set", f"+pettingllms.env_kwargs.fail_seeds=[{test_seeds[7]}]"],
+        timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.load(open(out / "results.json"))["rows"]
+    assert row["episodes"] == TEST_EPISODES and row["faults"] == {"env_error": 1} and row["end_causes"]["env_error"] == 1
+    episodes = [json.loads(line) for line in open(out / "episodes.jsonl")]
+    (failed,) = [e for e in episodes if e["end_cause"] == "env_error"]
+    assert failed["seed"] == test_seeds[7] and f"RuntimeError: the environment broke on seed {test_seeds[7]}" in failed["error"]
+    table = (out / "results.md").read_text()
+    assert f"| {TEST_EPISODES} | {row['success']:.3f} ± {row['success_se']:.3f} (faults) | env_error 1 |" in table
+
+
+def test_an_env_raising_on_every_episode_stops_training_at_the_fault_budget_keeping_the_last_checkpoint(artifacts):
+    """Step 1 plays clean and is saved; from then on every step raises (the cue: the run's own
+    checkpoint tracker). Step 2 stops before its update: no step 2 checkpoint, step 1's untouched."""
+    checkpoints = artifacts / "checkpoints" / RECIPE
+    result = launch.main_ppo(
+        "--config-path", RECIPES, "--config-name", RECIPE, FAULTY, "trainer.total_training_steps=2",
+        f"+pettingllms.env_kwargs.fail_once_exists={checkpoints / 'latest_checkpointed_iteration.txt'}",
+        timeout=1200, cwd=artifacts,
+        env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(artifacts / "budget.jsonl")},
+    )
+    said = result.stdout + result.stderr
+    assert result.returncode != 0, said[-3000:]
+    # step 2: 2 problems, each a tree whose first step raised
+    assert "pettingllms-verl stopped the run: training step 2: 2 of 2 episodes ended by a fault (env_error 2), a share of 1.00, " \
+           "over pettingllms.trainer.fault_budget=0.5; no success rate is reported for it." in said
+    assert "--- first env_error ---" in said and "RuntimeError: the environment broke: " in said
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("global_step_")) == ["global_step_1"]
+    (step1,) = [json.loads(line) for line in open(artifacts / "budget.jsonl")]  # step 2 never logged
+    assert step1["step"] == 1 and step1["data"]["mas/fault_share"] == 0.0
+
+
+def rollout_servers(root: psutil.Process) -> list[psutil.Process]:
+    """The hf rollout server processes among ``root``'s descendants (Ray titles a worker by its actor class)."""
+    found = []
+    for process in root.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "HFRolloutServer" in " ".join(process.cmdline()):
+                found.append(process)
+    return found
+
+
+def test_a_rollout_server_killed_mid_evaluation_stops_it_naming_the_server_and_reports_no_success(artifacts, tmp_path):
+    """The OOM killer's way: SIGKILL to the server's process while the evaluation's episodes are in
+    flight (held at their first prompt until the kill is done, so every one of them meets the dead server)."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    out = artifacts / "eval_server_killed"
+    command = [sys.executable, "-m", "pettingllms_verl.eval", RECIPE, "--out", str(out), "--recipes", RECIPES,
+               "--set", FAULTY, "--set", f"+pettingllms.env_kwargs.hold_dir={hold}"]
+    for attempt in (1, 2):  # once more only where Ray itself did not start (launch.ray_did_not_start)
+        process = subprocess.Popen(command, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 900
+            while not (hold / "started").exists() and process.poll() is None:
+                assert time.monotonic() < deadline, "the evaluation's episodes never started"
+                time.sleep(0.05)
+            if process.poll() is None:
+                (server,) = rollout_servers(psutil.Process(process.pid))
+                server.kill()
+                server.wait(timeout=60)
+                (hold / "go").touch()
+            stdout, stderr = process.communicate(timeout=600)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        if (hold / "started").exists() or not launch.ray_did_not_start(stdout + stderr):
+            break
+    assert process.returncode == 1, stderr[-3000:]
+    assert f"pettingllms-eval: run {RECIPE}: main_ppo exited with" in stderr
+    stop = stderr[stderr.index("pettingllms-verl stopped the run: validation at step 0: a rollout server is dead"):]
+    assert "policy 'shared'" in stop and "its rollout server is dead" in stop
+    assert "HFRolloutServer" in stop and "The actor is dead because its worker process has died" in stop  # Ray's word: which actor, why
+    assert not (out / "results.md").exists() and not (out / "results.json").exists()  # no success rate for it
+    assert "success" not in stdout
