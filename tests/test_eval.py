@@ -160,22 +160,25 @@ def test_plots_draw_each_metric_per_run_with_seeds_as_a_band(tmp_path):
 
     from pettingllms_verl.eval import plots
 
-    def log(path, success, roles):
+    def log(path, success, roles, faulted_step=None):
         with open(path, "w") as f:
             for step in (1, 2, 3):
                 data = {"mas/success": success * step, "mas/parse_failure_rate": 0.5 / step, "at_grpo/zero_variance_frac": 0.1,
-                        "timing_s/step": 3.0, **{f"mas/{r}/reward_mean": 0.1 * step for r in roles}}
+                        "timing_s/step": 3.0, "mas/fault_share": 0.25 if step == faulted_step else 0.0,
+                        **{f"mas/{r}/reward_mean": 0.1 * step for r in roles}}
                 if step != 2:  # validation every other step, as verl's test_freq logs it
                     data["val-core/plan_path/reward/mean@1"] = success
                 f.write(json.dumps({"step": step, "data": data}) + "\n")
         return str(path)
 
-    runs = {"sa": [log(tmp_path / "sa0.jsonl", 0.1, ["plan"]), log(tmp_path / "sa1.jsonl", 0.2, ["plan"])],
+    runs = {"sa": [log(tmp_path / "sa0.jsonl", 0.1, ["plan"]), log(tmp_path / "sa1.jsonl", 0.2, ["plan"], faulted_step=2)],
             "mas": [log(tmp_path / "mas0.jsonl", 0.3, ["plan", "tool"])]}
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # numpy's "Mean of empty slice" at a step without validation
         path, legends = plots.plot_curves(runs, str(tmp_path))
-    assert legends["team success"] == ["sa: train success (2 seeds)", "sa: val success (2 seeds)", "mas: train success", "mas: val success"]
+    # a step where faults ended episodes (in any seed) is marked; a run without faults has no mark
+    assert legends["team success"] == ["sa: train success (2 seeds)", "sa: val success (2 seeds)", "sa: episodes ended by a fault",
+                                       "mas: train success", "mas: val success"]
     assert legends["role reward (mean)"] == ["sa: plan (2 seeds)", "mas: plan", "mas: tool"]
     assert legends["AT-GRPO groups"] == ["sa: zero_variance_frac (2 seeds)", "mas: zero_variance_frac"]
     assert Image.open(path).size == (1320, 880)
