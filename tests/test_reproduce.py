@@ -4,13 +4,15 @@ driver's arguments, resume bookkeeping and its table."""
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from pettingllms_verl import envs
-from pettingllms_verl.eval import reproduce
+from pettingllms_verl.eval import reproduce, stats
 from pettingllms_verl.models.demos import BFS_PROGRAM, NAIVE_PROGRAM, plan_path_demos, shortest_path
 
 ENV = {"size": 5, "wall_density": 0.3, "max_turns": 2}
@@ -133,7 +135,7 @@ def test_warm_start_names_a_missing_base(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--methods", "sa,bogus"], ["--seeds", "a,b"], ["--seeds", "0,0"], ["--methods", "sa,sa"],
-                                  ["--episodes", "0"], ["--steps", "0"], ["--jobs", "0"]])
+                                  ["--episodes", "0"], ["--steps", "0"], ["--jobs", "0"], ["--splits", "test,val"], ["--splits", "test,test"]])
 def test_bad_arguments_stop_before_anything_runs(argv, capsys):
     with pytest.raises(SystemExit):
         reproduce.parse_args(argv)
@@ -269,58 +271,195 @@ def _row(label, success, swapped=False, episodes=64, **role_rewards):
             "roles": {role: {"reward_mean": reward} for role, reward in role_rewards.items()}}
 
 
-def test_aggregate_reports_before_after_mean_and_spread_per_method(tmp_path):
-    before = {"rows": [_row("sa", 0.1, plan=0.5), _row("mas", 0.2, plan=0.5, tool=1.0), _row("per_role", 0.25, plan=0.5, tool=1.0)]}
-    after = {"rows": [_row("sa_s0", 0.1, plan=0.4), _row("sa_s1", 0.3, plan=0.6), _row("mas_s0", 0.5), _row("mas_s1", 0.7),
-                      _row("per_role_s0", 0.8, plan=0.9, tool=1.2), _row("per_role_s1", 0.6, plan=0.7, tool=1.6),
-                      _row("per_role_s0", 0.2, swapped=True), _row("per_role_s1", 0.4, swapped=True)]}
-    table = {(r["method"], r["swapped"]): r for r in reproduce.aggregate(before, after, ["sa", "mas", "per_role"], [0, 1])}
-    assert table["sa", False]["before"] == 0.1 and table["sa", False]["after_mean"] == pytest.approx(0.2)
-    assert table["mas", False]["before"] == 0.2 and (table["mas", False]["after_min"], table["mas", False]["after_max"]) == (0.5, 0.7)
-    assert table["per_role", False]["before"] == 0.25  # its own recipe at its warm start, not the shared policy's
-    assert table["per_role", False]["after_per_seed"] == {0: 0.8, 1: 0.6}
-    assert table["per_role", True]["after_mean"] == pytest.approx(0.3)
-    # each role's reward before and after, averaged over seeds: a role can learn while the team does not
-    assert table["per_role", False]["role_reward_before"] == {"plan": 0.5, "tool": 1.0}
-    assert table["per_role", False]["role_reward_after"] == pytest.approx({"plan": 0.8, "tool": 1.4})
-    assert table["sa", False]["role_reward_after"] == pytest.approx({"plan": 0.5})
+def _evaluation(*rows, outcomes=None):
+    """An evaluation as ``reproduce.read_evaluation`` returns it; ``outcomes``: label -> problem -> success (as trained)."""
+    return {"rows": list(rows), "outcomes": {label: {"0": {p: [won] for p, won in problems.items()}} for label, problems in (outcomes or {}).items()}}
+
+
+def test_aggregate_reports_before_and_after_over_seeds_with_intervals_and_gains_across_runs_and_paired_over_problems(tmp_path):
+    before = {"test": {0: _evaluation(_row("sa", 0.1, plan=0.5), _row("mas", 0.2, plan=0.5, tool=1.0), _row("per_role", 0.25, plan=0.5, tool=1.0),
+                                      outcomes={"per_role": {"1": False, "2": False, "3": True}}),
+                       1: _evaluation(_row("sa", 0.15, plan=0.5), _row("mas", 0.3, plan=0.5, tool=1.0), _row("per_role", 0.35, plan=0.7, tool=1.0),
+                                      outcomes={"per_role": {"1": False, "2": True, "3": True}})}}
+    after = {"test": {0: _evaluation(_row("sa_s0", 0.1, plan=0.4), _row("mas_s0", 0.5), _row("per_role_s0", 0.8, plan=0.9, tool=1.2),
+                                     _row("per_role_s0", 0.2, swapped=True), outcomes={"per_role_s0": {"1": True, "2": True, "3": True}}),
+                      1: _evaluation(_row("sa_s1", 0.3, plan=0.6), _row("mas_s1", 0.7), _row("per_role_s1", 0.6, plan=0.7, tool=1.6),
+                                     _row("per_role_s1", 0.4, swapped=True), outcomes={"per_role_s1": {"1": False, "2": True, "3": True}})}}
+    table = {(r["method"], r["swapped"]): r["splits"]["test"] for r in reproduce.aggregate(before, after, ["sa", "mas", "per_role"], [0, 1])}
+    per_role = table["per_role", False]
+    assert per_role["before_per_seed"] == {0: 0.25, 1: 0.35}  # its own recipe at its warm start, once per seed
+    assert per_role["after_per_seed"] == {0: 0.8, 1: 0.6} and per_role["after_mean"] == pytest.approx(0.7)
+    # the interval over two runs: mean ± t(0.975, 1 df) x sd / sqrt(2) = 0.7 ± 12.706 x 0.1
+    assert (per_role["after"]["low"], per_role["after"]["high"]) == pytest.approx((0.7 - 1.27062, 0.7 + 1.27062), abs=1e-4)
+    # the gain across runs: Welch's t on (0.8, 0.6) against (0.25, 0.35)
+    gain = per_role["gain"]
+    assert gain["diff"] == pytest.approx(0.4) and gain["se"] == pytest.approx(math.sqrt(0.02 / 2 + 0.005 / 2)) and 0 < gain["p"] < 1
+    # paired over problems: problem 1 0/2 -> 1/2, problem 2 1/2 -> 2/2, problem 3 2/2 -> 2/2: mean +1/3
+    assert per_role["gain_paired"]["diff"] == pytest.approx(1 / 3) and per_role["gain_paired"]["problems"] == 3
+    assert table["per_role", True]["after_mean"] == pytest.approx(0.3) and table["per_role", True]["gain"] is None
+    assert per_role["role_reward_before"] == pytest.approx({"plan": 0.6, "tool": 1.0})  # each role's reward, averaged over seeds
+    assert per_role["role_reward_after"] == pytest.approx({"plan": 0.8, "tool": 1.4})
+    assert per_role["after_binomial_se_per_seed"][0] == pytest.approx(math.sqrt(0.8 * 0.2 / 64))  # one evaluation's own noise
+    rows = reproduce.aggregate(before, after, ["sa", "mas", "per_role"], [0, 1])
     warm = {"sa": {"shared": "demos"}, "mas": {"shared": "demos"}, "per_role": {"tool_policy": "demos", "plan_policy": "planner"}}
-    text = reproduce.markdown(list(table.values()), {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600, "warm_starts": warm})
+    meta = {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600, "warm_starts": warm, "comparisons": reproduce.comparisons(rows)}
+    text = reproduce.markdown(rows, meta)
     assert "MAS + AT-GRPO, a model per role: tool_policy `demos`, plan_policy `planner`." in text
-    # pooled over seeds (64 episodes each): 0.7 ± sqrt(.21/128); the gain over 0.25 on 64 episodes in SE of the difference
-    gain = table["per_role", False]["gain"]
-    assert gain["diff"] == pytest.approx(0.45) and gain["se"] == pytest.approx(math.sqrt(0.21 / 128 + 0.1875 / 64))
-    assert gain["z"] == pytest.approx(0.45 / gain["se"])
-    assert table["per_role", False]["after_episodes_per_seed"] == {0: 64, 1: 64}
-    assert ("| MAS + AT-GRPO, a model per role | 0.250 ± 0.054 (64) | 0.700 ± 0.041 (128) | +0.450 ± 0.068 (+6.7 SE) | 0.800 | 0.600 "
-            "| plan 0.500 -> 0.800, tool 1.000 -> 1.400 |") in text
-    assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 ± 0.041 (128) | - | 0.200 | 0.400 | - |" in text
-    png = reproduce.plot_table(list(table.values()), tmp_path)
+    assert "| MAS + AT-GRPO, a model per role | 0.300 [-0.335, 0.935] | 0.700 [-0.571, 1.971] | +0.400 [" in text
+    assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 [-0.971, 1.571] | - | - | 0.200 | 0.400 | - |" in text
+    assert "## Development test split (`test`)" in text and "One training seed" not in text
+    assert "outcomes" not in json.dumps(reproduce.public(rows))  # per-problem outcomes stay out of reproduce.json
+    png = reproduce.plot_table(rows, tmp_path)
     assert os.path.getsize(png) > 10_000
-    # roles started together: the untrained per-role team is the shared one, and its row stands for it
+    # roles started together: the untrained per-role team is the shared one, and its evaluations stand for it
     shared = reproduce.aggregate(before, after, ["sa", "mas", "per_role"], [0, 1], {"sa": "sa", "mas": "mas", "per_role": "mas"})
-    assert [r["before"] for r in shared] == [0.1, 0.2, 0.2, 0.2]
-    text = reproduce.markdown(shared, {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600, "warm_starts": warm, "before_of": {"per_role": "mas"}})
+    assert [r["splits"]["test"]["before_per_seed"] for r in shared][2] == {0: 0.2, 1: 0.3}
+    text = reproduce.markdown(shared, {**meta, "before_of": {"per_role": "mas"}})
     assert "Before training, MAS + AT-GRPO, a model per role is the team of MAS + AT-GRPO, shared policy" in text
 
 
-def test_a_failed_seed_is_reported_as_failed_and_left_out_and_methods_are_compared_after_training():
-    before = {"rows": [_row("sa", 0.1), _row("mas", 0.5)]}
-    after = {"rows": [_row("sa_s0", 0.1), _row("sa_s1", 0.2), _row("mas_s0", 0.8), _row("mas_by_problem_s0", 0.6), _row("mas_by_problem_s1", 0.6)]}
+def test_one_seed_gives_no_interval_between_runs_and_says_so():
+    before = {"test": {0: _evaluation(_row("mas", 0.5), outcomes={"mas": {"1": False, "2": True}})}}
+    after = {"test": {0: _evaluation(_row("mas_s0", 0.7), outcomes={"mas_s0": {"1": True, "2": True}})}}
+    rows = reproduce.aggregate(before, after, ["mas"], [0])
+    part = rows[0]["splits"]["test"]
+    assert part["after"] is None and part["before"] is None and part["gain"] is None  # no variance between runs from one run
+    assert part["gain_paired"]["diff"] == pytest.approx(0.5)  # the paired figure still describes this run on these problems
+    text = reproduce.markdown(rows, {"steps": 40, "seeds": [0], "episodes": 2, "wall_s": 60, "warm_starts": {}})
+    assert "**One training seed**: the variance between training runs cannot be estimated" in text
+    assert "| MAS + AT-GRPO, shared policy | 0.500 (one run) | 0.700 (one run) | n/a (needs 2+ runs a side) | +0.500 [" in text
+
+
+def test_a_failed_seed_is_reported_as_failed_and_left_out_and_methods_are_compared_after_training_on_each_split():
+    before = {split: {s: _evaluation(_row("sa", 0.1 + s / 100), _row("mas", 0.5 + s / 100)) for s in (0, 1)} for split in ("test", "confirm")}
+    after = {split: {0: _evaluation(_row("sa_s0", 0.1), _row("mas_s0", 0.8), _row("mas_by_problem_s0", 0.6),
+                                    outcomes={"mas_s0": {"1": True, "2": True}, "mas_by_problem_s0": {"1": False, "2": True}}),
+                     1: _evaluation(_row("sa_s1", 0.2), _row("mas_by_problem_s1", 0.65), outcomes={"mas_by_problem_s1": {"1": True, "2": True}})}
+             for split in ("test", "confirm")}
     failed = {"mas_s1": "training mas_s1 failed (exit 1); its log: x"}
     sources = {"sa": "sa", "mas": "mas", "mas_by_problem": "mas"}
     table = reproduce.aggregate(before, after, ["sa", "mas", "mas_by_problem"], [0, 1], sources, failed)
     mas = next(row for row in table if row["method"] == "mas")
-    assert mas["after_pooled"] == 0.8 and mas["after_episodes"] == 64 and mas["failed_seeds"] == {1: failed["mas_s1"]}
-    assert next(row for row in table if row["method"] == "mas_by_problem")["before"] == 0.5  # the shared team's warm start
-    pairs = {(c["a"], c["b"]): c for c in reproduce.comparisons(table)}
-    assert pairs["MAS + AT-GRPO, shared policy", "SA + GRPO"]["diff"] == pytest.approx(0.65)
-    assert pairs["MAS + AT-GRPO, shared policy", "MAS + GRPO grouped by problem, shared policy"]["diff"] == pytest.approx(0.2)
+    assert mas["splits"]["test"]["after_per_seed"] == {0: 0.8} and mas["failed_seeds"] == {1: failed["mas_s1"]}
+    assert next(row for row in table if row["method"] == "mas_by_problem")["splits"]["test"]["before_per_seed"] == {0: 0.5, 1: 0.51}
+    pairs = {(c["split"], c["a"], c["b"]): c for c in reproduce.comparisons(table)}
+    sa = pairs["confirm", "MAS + AT-GRPO, shared policy", "SA + GRPO"]
+    assert sa["seeds"] is None  # one run of mas left: no comparison across runs
+    by_problem = pairs["test", "MAS + AT-GRPO, shared policy", "MAS + GRPO grouped by problem, shared policy"]
+    assert by_problem["paired"]["diff"] == pytest.approx(0.25)  # problem 1: 1 against 1/2, problem 2: 1 against 1
     text = reproduce.markdown(table, {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 60, "warm_starts": {},
                                       "comparisons": reproduce.comparisons(table)})
-    assert "| MAS + AT-GRPO, shared policy | 0.500 ± 0.062 (64) | 0.800 ± 0.050 (64) | +0.300 ± 0.080 (+3.7 SE) | 0.800 | failed |" in text
+    assert "| MAS + AT-GRPO, shared policy | 0.505 [0.441, 0.569] | 0.800 (one run) | n/a (needs 2+ runs a side) |" in text
+    assert "| 0.800 | failed |" in text
     assert "**MAS + AT-GRPO, shared policy, seed 1: training failed**, left out of the figures: training mas_s1 failed" in text
-    assert "- MAS + AT-GRPO, shared policy - MAS + GRPO grouped by problem, shared policy: +0.200 ± " in text
+    assert text.index("## Development test split") < text.index("## Confirmation split")
+    assert "- MAS + AT-GRPO, shared policy - MAS + GRPO grouped by problem, shared policy: over seeds n/a (needs 2+ runs a side); paired +0.250 [" in text
+
+
+def test_the_statistics_on_constructed_cases_with_known_answers():
+    # three runs that differ far more than one evaluation's binomial noise: the interval is the runs' t interval
+    runs = [0.936, 0.890, 0.854]
+    interval = stats.seed_interval(runs)
+    sd = statistics.stdev(runs)
+    assert interval["sd"] == pytest.approx(sd) and interval["df"] == 2
+    assert interval["high"] - interval["mean"] == pytest.approx(4.302653 * sd / math.sqrt(3), rel=1e-5)
+    assert interval["high"] - interval["mean"] > 10 * math.sqrt(0.89 * 0.11 / 1024) / math.sqrt(3)  # >> the binomial figure
+    # Welch's t with its textbook Satterthwaite degrees of freedom
+    a, b = [0.888, 0.874, 0.884], [0.84, 0.83, 0.835, 0.845]
+    diff = stats.seed_difference(a, b)
+    va, vb = statistics.variance(a) / 3, statistics.variance(b) / 4
+    assert diff["diff"] == pytest.approx(statistics.mean(a) - statistics.mean(b)) and diff["se"] == pytest.approx(math.sqrt(va + vb))
+    assert diff["df"] == pytest.approx((va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3))
+    assert diff["p"] < 0.01 and diff["low"] > 0
+    assert stats.seed_difference([0.5], b) is None and stats.seed_interval([0.5]) is None
+    # paired: every problem gains 0.5 -> the difference is exact; no gain on balance -> an interval across zero
+    same = stats.paired_problems({str(i): [True] for i in range(50)}, {str(i): [True, False] for i in range(50)})
+    assert (same["diff"], same["low"], same["high"]) == (0.5, 0.5, 0.5)
+    mixed = stats.paired_problems({str(i): [i % 2 == 0] for i in range(200)}, {str(i): [i % 2 == 1] for i in range(200)})
+    assert mixed["diff"] == 0 and mixed["low"] < 0 < mixed["high"] and mixed["p"] > 0.5
+    # a paired design sees what unpaired noise hides: 30 of 1,000 problems flip from failure to success
+    flips = stats.paired_problems({str(i): [i < 530] for i in range(1000)}, {str(i): [i < 500] for i in range(1000)})
+    assert flips["diff"] == pytest.approx(0.03) and flips["low"] > 0 and flips["p"] < 0.01
+    assert stats.paired_problems({"1": [True]}, {"2": [True]}) is None  # no shared problem
+
+
+def test_before_is_reused_only_for_the_same_source_config_problems_and_warm_start_and_says_why_not(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    model = tmp_path / "artifacts" / "tiny_model_plan_path_team"
+    model.mkdir(parents=True)
+    (model / "warm_start.json").write_text('{"steps": 1200}')
+    args = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "8"])
+    specs = ["sa=plan_path_sa_grpo_repro_cpu", "mas=plan_path_mas_atgrpo_repro_cpu"]
+    warm = lambda a: {m: reproduce.warm_start(a, m) for m in ("sa", "mas")}  # noqa: E731  (read again: the model may change)
+    folder = tmp_path / "out" / "before" / "test" / "s0"
+    folder.mkdir(parents=True)
+    fp = lambda a, seed=0, source="abc": reproduce.fingerprint(specs, a, warm(a), seed, "test", source)  # noqa: E731
+    assert reproduce.earlier_before(folder, fp(args)) is None  # nothing there
+    (folder / "results.json").write_text(json.dumps({"rows": [_row("sa", 0.1), _row("mas", 0.2)]}))
+    (folder / "episodes.jsonl").write_text(json.dumps({"run": "mas", "seed": 7, "success": True}) + "\n")
+    (folder / "fingerprint.json").write_text(json.dumps(fp(args)))
+    kept = reproduce.earlier_before(folder, fp(args))
+    assert kept["rows"][1]["success"] == 0.2 and kept["outcomes"] == {"mas": {"0": {"7": [True]}}}
+    capsys.readouterr()
+    assert reproduce.earlier_before(folder, fp(args, source="def")) is None  # the package's code changed
+    assert "evaluated again: the package's source changed (sha256 abc -> def)" in capsys.readouterr().out
+    other = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "8", "--set", "actor_rollout_ref.rollout.val_kwargs.top_p=0.9"])
+    assert reproduce.earlier_before(folder, fp(other)) is None  # the evaluation samples otherwise
+    assert "run sa's evaluation config: actor_rollout_ref.rollout.val_kwargs.top_p: 1.0 -> 0.9" in capsys.readouterr().out
+    assert reproduce.earlier_before(folder, fp(args, seed=1)) is None  # another draw
+    assert "seed: 0 -> 1" in capsys.readouterr().out
+    assert reproduce.earlier_before(folder, fp(reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "16"]))) is None
+    (model / "warm_start.json").write_text('{"steps": 600}')
+    assert reproduce.earlier_before(folder, fp(args)) is None
+    assert "another warm start" in capsys.readouterr().out
+    (folder / "results.json").write_text('{"rows": [')  # cut short
+    (folder / "fingerprint.json").write_text(json.dumps(fp(args)))
+    assert reproduce.earlier_before(folder, fp(args)) is None
+    assert reproduce.source_hash() == reproduce.source_hash() and len(reproduce.source_hash()) == 64
+
+
+def test_before_and_after_are_played_with_the_same_evaluation_settings_and_each_seed_samples_with_its_own(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_eval(argv):  # stands in for pettingllms-eval: records how it was asked
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        calls.append(argv)
+        labels = [spec.split("=", 1)[0] for spec in argv if "=" in spec and not spec.startswith("--")]
+        (out / "results.json").write_text(json.dumps({"rows": [_row(label, 0.5) for label in labels]}))
+        (out / "episodes.jsonl").write_text("".join(json.dumps({"run": label, "seed": 1, "success": True}) + "\n" for label in labels))
+        return 0
+
+    monkeypatch.setattr(reproduce.evaluate, "main", fake_eval)
+    args = reproduce.parse_args(["--out", str(tmp_path), "--episodes", "8", "--set", "data.val_batch_size=4"])
+    for seed in (0, 1):
+        reproduce.evaluate_runs(["mas=plan_path_mas_atgrpo_repro_cpu"], args, tmp_path / "before" / f"s{seed}", seed, "confirm", swap=False)
+        reproduce.evaluate_runs(["mas_s0=plan_path_mas_atgrpo_repro_cpu@x"], args, tmp_path / "after" / f"s{seed}", seed, "confirm")
+    settings = lambda argv: sorted(a for a in argv if a.startswith("--set=")) + [argv[argv.index(k) + 1] for k in ("--split", "--episodes")]  # noqa: E731
+    before0, after0, before1, after1 = map(settings, calls)
+    assert before0 == after0 and before1 == after1 and before0 != before1
+    assert "--set=actor_rollout_ref.rollout.seed=1" in before1 and "--set=data.val_batch_size=4" in before1 and before1[-2:] == ["confirm", "8"]
+
+
+def test_a_confirmation_split_sharing_problems_with_another_split_is_refused_naming_how_many(tmp_path, monkeypatch):
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path))
+    data = tmp_path / "data" / "plan_path_4x4_short"
+    splits = generate_splits("plan_path", {"train": 6, "val": 2, "test": 3, "confirm": 3}, {"size": 4, "wall_density": 0.3}, log=lambda _: None)
+    assert {row["extra_info"]["seed"] for row in splits["confirm"]} >= {1_500_000_000}  # a seed range of its own
+    for split, rows in splits.items():
+        write_parquet(rows, str(data / f"{split}.parquet"))
+    args = reproduce.parse_args(["--methods", "mas", "--out", str(tmp_path / "out")])
+    hashes = reproduce.check_splits(args)
+    assert set(hashes) == {"test", "confirm"} and hashes["test"] != hashes["confirm"]
+    write_parquet(splits["confirm"][:1] + splits["train"][:2], str(data / "confirm.parquet"))  # two training problems leaked in
+    with pytest.raises(reproduce.ReproduceError, match=r"confirmation split .*confirm.parquet shares problems with train \(2\)"):
+        reproduce.check_splits(args)
+    (data / "confirm.parquet").unlink()
+    with pytest.raises(reproduce.runs.EvalError, match="confirm.parquet does not exist.*--confirm N"):
+        reproduce.check_splits(args)
 
 
 def test_a_model_per_role_is_evaluated_before_training_only_when_its_roles_start_apart():
@@ -335,29 +474,6 @@ def test_a_model_per_role_is_evaluated_before_training_only_when_its_roles_start
     assert reproduce.before_sources(["sa", "mas", "per_role"], apart) == {"sa": "sa", "mas": "mas", "per_role": "per_role"}
     other = {**together, "mas": {"shared": start("other")}}
     assert reproduce.before_sources(["mas", "per_role"], other)["per_role"] == "per_role"
-
-
-def test_before_is_reused_only_for_the_same_runs_and_warm_start(tmp_path, monkeypatch):
-    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
-    model = tmp_path / "artifacts" / "tiny_model_plan_path_team"
-    model.mkdir(parents=True)
-    (model / "warm_start.json").write_text('{"steps": 1200}')
-    args = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "8"])
-    specs = ["sa=plan_path_sa_grpo_repro_cpu", "mas=plan_path_mas_atgrpo_repro_cpu"]
-    warm = lambda a: {m: reproduce.warm_start(a, m) for m in ("sa", "mas")}  # noqa: E731  (read again: the model may change)
-    before_dir = tmp_path / "out" / "before"
-    before_dir.mkdir(parents=True)
-    assert reproduce.earlier_before(tmp_path / "out", specs, args, warm(args)) is None  # nothing there
-    (before_dir / "results.json").write_text(json.dumps({"rows": [_row("sa", 0.1), _row("mas", 0.2)]}))
-    (before_dir / "fingerprint.json").write_text(json.dumps(reproduce.fingerprint(specs, args, warm(args))))
-    assert reproduce.earlier_before(tmp_path / "out", specs, args, warm(args))["rows"][1]["success"] == 0.2
-    other = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "16"])
-    assert reproduce.earlier_before(tmp_path / "out", specs, other, warm(other)) is None  # other problems
-    (model / "warm_start.json").write_text('{"steps": 600}')
-    assert reproduce.earlier_before(tmp_path / "out", specs, args, warm(args)) is None  # another warm start
-    (before_dir / "results.json").write_text('{"rows": [')  # cut short
-    (before_dir / "fingerprint.json").write_text(json.dumps(reproduce.fingerprint(specs, args, warm(args))))
-    assert reproduce.earlier_before(tmp_path / "out", specs, args, warm(args)) is None
 
 
 def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_ones_start(tmp_path, monkeypatch):
@@ -375,8 +491,8 @@ def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_
     assert reproduce.warm_start(together, "per_role")["plan_policy"]["warm_start"] == {"name": "tiny_model_plan_path_team"}
     # the "before" evaluation and a finished run both belong to the warm starts they came from
     specs = ["per_role=plan_path_mas_full_repro_cpu"]
-    assert (reproduce.fingerprint(specs, apart, {"per_role": warm})
-            != reproduce.fingerprint(specs, together, {"per_role": reproduce.warm_start(together, "per_role")}))
+    assert (reproduce.fingerprint(specs, apart, {"per_role": warm}, 0, "test", "src")
+            != reproduce.fingerprint(specs, together, {"per_role": reproduce.warm_start(together, "per_role")}, 0, "test", "src"))
     run_dir = tmp_path / "out" / "checkpoints" / "per_role_s0"
     run_dir.mkdir(parents=True)
     (run_dir / "latest_checkpointed_iteration.txt").write_text("40")

@@ -1,6 +1,6 @@
 """Write Plan-Path train/val/test parquet: ``python data_prep/plan_path.py --out-dir DIR``."""
 
-from pettingllms_verl.data_prep.generated import split_parser, write_generated
+from pettingllms_verl.data_prep.generated import split_counts, split_parser, write_generated
 
 
 def main(argv=None) -> None:
@@ -9,7 +9,7 @@ def main(argv=None) -> None:
     parser.add_argument("--wall-density", type=float, default=0.22, help="fraction of cells that are walls")
     parser.add_argument("--max-optimal-len", type=int, default=None, help="longest shortest path a task may have (default: no limit)")
     args = parser.parse_args(argv)
-    counts = {"train": args.train, "val": args.val, "test": args.test}
+    counts = split_counts(args)
     config = {"size": args.size, "wall_density": args.wall_density}
     if args.max_optimal_len is not None:
         config["max_optimal_len"] = args.max_optimal_len

@@ -1,6 +1,6 @@
 """Write Sokoban train/val/test parquet: ``python data_prep/sokoban.py --out-dir DIR``."""
 
-from pettingllms_verl.data_prep.generated import split_parser, write_generated
+from pettingllms_verl.data_prep.generated import split_counts, split_parser, write_generated
 
 
 def main(argv=None) -> None:
@@ -10,7 +10,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-steps", type=int, default=20, help="move budget of an episode")
     args = parser.parse_args(argv)
     config = {"size": args.size, "num_boxes": args.num_boxes, "max_steps": args.max_steps}
-    write_generated("sokoban", args.out_dir, {"train": args.train, "val": args.val, "test": args.test}, config, "rooms")
+    write_generated("sokoban", args.out_dir, split_counts(args), config, "rooms")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Splits are disjoint by puzzle (not only by seed): a test puzzle that also occurs
 
 import json
 
-from pettingllms_verl.data_prep.generated import split_parser, write_generated
+from pettingllms_verl.data_prep.generated import split_counts, split_parser, write_generated
 
 
 def puzzle_key(task: dict) -> str:
@@ -16,7 +16,7 @@ def main(argv=None) -> None:
     parser = split_parser(__doc__, "sudoku", "puzzles", train=10_000, val=200, test=500)
     parser.add_argument("--num-clues", type=int, default=6, help="clues left in each puzzle (fewer is harder)")
     args = parser.parse_args(argv)
-    counts = {"train": args.train, "val": args.val, "test": args.test}
+    counts = split_counts(args)
     write_generated("sudoku", args.out_dir, counts, {"num_clues": args.num_clues}, "puzzles", key=puzzle_key)
 
 

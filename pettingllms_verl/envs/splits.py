@@ -1,8 +1,9 @@
 """Train/val/test task sets for generated puzzles: disjoint by construction and by check.
 
 Each split draws from its own seed range (``SEED_START``): train from 0, 1, 2, ..., val (for
-choosing checkpoints) from 500,000,000 on, test (reported, never used to choose) from
-1,000,000,000 on. Each split keeps only the first occurrence of a task (by ``key``), and a task
+choosing checkpoints) from 500,000,000 on, test (the development test split: reported, and read
+when a task or a training length was chosen) from 1,000,000,000 on, confirm (a confirmation split,
+frozen before a final run and never read to choose anything) from 1,500,000,000 on. Each split keeps only the first occurrence of a task (by ``key``), and a task
 whose key an earlier split already holds is skipped, so the splits share no puzzle even when two
 seeds generate the same one.
 """
@@ -16,7 +17,7 @@ from typing import Callable, Hashable
 from pettingllms_verl.data.rows import task_row
 from pettingllms_verl.envs import make
 
-SEED_START = {"train": 0, "val": 500_000_000, "test": 1_000_000_000}  # first seed of each split
+SEED_START = {"train": 0, "val": 500_000_000, "test": 1_000_000_000, "confirm": 1_500_000_000}  # first seed of each split
 
 
 def task_key(task: dict) -> str:
@@ -30,8 +31,8 @@ def generate_splits(
     key: Callable[[dict], Hashable] = task_key,
     log: Callable[[str], None] = print,
 ) -> dict[str, list[dict]]:
-    """Parquet rows per split (``{"train": n, "val": v, "test": m}``, any subset); raises if the
-    splits could not be kept disjoint."""
+    """Parquet rows per split (``{"train": n, "val": v, "test": m, "confirm": c}``, any subset); raises
+    if the splits could not be kept disjoint."""
     unknown = set(counts) - set(SEED_START)
     if unknown:
         raise ValueError(f"{env_name}: unknown splits {sorted(unknown)}; use {list(SEED_START)}")

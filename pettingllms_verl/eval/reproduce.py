@@ -16,23 +16,27 @@ noisy demonstrations, and methods with the same steps, replies per step and opti
 
 Each method trains once per seed through ``main_ppo`` (validating on the val split; a rerun resumes
 a run cut short and skips a finished one; it refuses one saved from another warm start or with other
-training settings), ``--jobs`` runs at once. ``pettingllms-eval`` then plays each method's
-recipe at its warm start ("before") and each run's best step on val ("after") on the test split. ``--set`` can
-start the roles of ``per_role`` apart, e.g. ``--methods per_role --set
-++pettingllms.policies.plan_policy.overrides.model.path=DIR``. A training run that fails is reported
-as failed (its seed is left out of the method's figures, and said so); the others go on. Writes to
---out: ``reproduce.md`` and ``reproduce.json`` (test success per method before and after training:
-each seed's success and episodes, the success pooled over seeds with its binomial standard error, the
-gain over the warm start in standard errors of the difference, and the comparisons between methods),
-``reproduce.png`` (the same as bars), ``learning_curves.png``, the evaluations (``before/``,
-``after/``), the training logs (``logs/``) and checkpoints (``checkpoints/``).
+training settings), ``--jobs`` runs at once. ``pettingllms-eval`` then plays, on each held-out split
+(``--splits``: the development test split and the confirmation split), each method's recipe at its
+warm start ("before", once per training seed, sampling with that seed; kept from an earlier invocation
+only when the package's source, the composed evaluation config, the problems and the warm start are
+the same, else evaluated again with the reason said) and each run's best step on val ("after",
+sampling with the run's seed). ``--set`` can start the roles of ``per_role`` apart, e.g. ``--methods
+per_role --set ++pettingllms.policies.plan_policy.overrides.model.path=DIR``. A training run that
+fails is reported as failed (its seed is left out of the method's figures, and said so); the others go
+on. Writes to --out: ``reproduce.md`` and ``reproduce.json`` (per split and method, success before
+and after training per seed and as a mean over seeds with its t interval between runs, the gain over
+the warm start across runs (Welch's t) and paired over problems (bootstrap), the comparisons between
+methods; ``eval/stats.py``), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the
+evaluations (``before/<split>/s<seed>/``, ``after/<split>/s<seed>/``), the training logs (``logs/``)
+and checkpoints (``checkpoints/``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -41,10 +45,12 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import OmegaConf
 
 from pettingllms_verl.eval import __main__ as evaluate
-from pettingllms_verl.eval import plots, runs
+from pettingllms_verl.envs.splits import task_key
+from pettingllms_verl.eval import plots, runs, stats
 from pettingllms_verl.eval.results import binomial_se
 from pettingllms_verl.files import write_whole
 
@@ -60,6 +66,10 @@ SWAPPED = ("per_role", "real")  # the methods with a policy per role, also evalu
 
 
 MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "real")  # the methods that play the whole team
+# the held-out splits, in report order: the development test split (read when the task and the training
+# length were chosen: docs/reproduction.md) and the confirmation split (frozen before the final run, read for nothing else)
+SPLITS = ("test", "confirm")
+SPLIT_NAMES = {"test": "Development test split", "confirm": "Confirmation split"}
 
 
 class ReproduceError(Exception):
@@ -77,6 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (data order and sampling; default 0,1,2)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the recipes' trainer.total_training_steps)")
     parser.add_argument("--episodes", type=int, default=None, help="test problems per evaluation (default all)")
+    parser.add_argument("--splits", default=",".join(SPLITS),
+                        help=f"comma-separated splits evaluated before and after (default {','.join(SPLITS)}: the development test split "
+                             "and the confirmation split, never used to choose anything)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("PETTINGLLMS_ARTIFACTS", "artifacts"), "reproduce"), help="output folder")
     parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the package's, pettingllms_verl/recipes)")
@@ -99,7 +112,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--episodes {args.episodes}: need at least 1 (leave it out for the whole test split)")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: need at least 1")
-    for name, values in (("--methods", args.methods), ("--seeds", args.seeds)):
+    args.splits = [split.strip() for split in args.splits.split(",") if split.strip()]
+    if not args.splits or any(split in ("train", "val") for split in args.splits):
+        parser.error(f"--splits {','.join(args.splits)}: name held-out splits (test, confirm): train and val are used to train and choose")
+    for name, values in (("--methods", args.methods), ("--seeds", args.seeds), ("--splits", args.splits)):
         if len(set(values)) != len(values):
             parser.error(f"{name}: {values} names one twice")
     return args
@@ -199,10 +215,9 @@ NOT_SETTINGS = ("trainer.total_training_steps", "trainer.test_freq", "trainer.sa
                 "ray_kwargs", "global_profiler", "pettingllms.paths")
 
 
-def training_settings(method: str, args: argparse.Namespace) -> dict:
-    """What a run's weights depend on besides its warm start: ``method``'s recipe with ``--set`` as dotted
-    key -> value, less ``NOT_SETTINGS`` and the profilers'."""
-    cfg = OmegaConf.to_container(runs.compose(METHODS[method][0], args.overrides, Path(args.recipes)), enum_to_str=True)
+def flat_config(recipe: str, overrides: list[str], recipes_dir: Path) -> dict:
+    """``recipe`` composed with ``overrides`` as dotted key -> value, as it reads back from JSON."""
+    cfg = OmegaConf.to_container(runs.compose(recipe, overrides, recipes_dir), enum_to_str=True)
 
     def flat(node: dict, prefix: str = ""):
         for key, value in node.items():
@@ -211,8 +226,14 @@ def training_settings(method: str, args: argparse.Namespace) -> dict:
             else:
                 yield f"{prefix}{key}", value
 
-    kept = {key: value for key, value in flat(cfg) if not key.startswith(NOT_SETTINGS) and ".profiler." not in key}
-    return json.loads(json.dumps(kept))  # as it is read back from settings.json
+    return json.loads(json.dumps(dict(flat(cfg))))
+
+
+def training_settings(method: str, args: argparse.Namespace) -> dict:
+    """What a run's weights depend on besides its warm start: ``method``'s recipe with ``--set`` as dotted
+    key -> value, less ``NOT_SETTINGS`` and the profilers'."""
+    cfg = flat_config(METHODS[method][0], args.overrides, Path(args.recipes))
+    return {key: value for key, value in cfg.items() if not key.startswith(NOT_SETTINGS) and ".profiler." not in key}
 
 
 def changed_keys(saved: dict, now: dict) -> list[str]:
@@ -266,17 +287,37 @@ def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict, setti
     return failed
 
 
-def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, swap: bool = True) -> dict:
-    """``pettingllms-eval`` of ``specs`` on the test split into ``out`` (two-policy runs also swapped
-    unless ``swap`` is false); its results.json."""
-    argv = [*specs, "--out", str(out), "--recipes", args.recipes, "--jobs", str(args.jobs), *(f"--set={o}" for o in args.overrides)]
+def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, seed: int, split: str, swap: bool = True) -> dict:
+    """``pettingllms-eval`` of ``specs`` on ``split`` into ``out``, sampling with rollout seed ``seed``
+    (two-policy runs also swapped unless ``swap`` is false): its results.json, with ``outcomes``."""
+    argv = [*specs, "--out", str(out), "--recipes", args.recipes, "--jobs", str(args.jobs), "--split", split,
+            *(f"--set={o}" for o in eval_overrides(args, seed))]
     if not swap:
         argv += ["--swap", "none"]
     if args.episodes:
         argv += ["--episodes", str(args.episodes)]
     if evaluate.main(argv) != 0:
         raise ReproduceError(f"evaluation into {out} failed (pettingllms-eval said why above; a started run's log is {out}/runs/<label>/main_ppo.log)")
-    return json.loads((out / "results.json").read_text())
+    return read_evaluation(out)
+
+
+def eval_overrides(args: argparse.Namespace, seed: int) -> list[str]:
+    """An evaluation's ``--set``: the invocation's, and the rollout seed it samples with (the training
+    seed of the runs it plays; the warm start is played once per training seed, each its own draw)."""
+    return [*args.overrides, f"actor_rollout_ref.rollout.seed={seed}"]
+
+
+def read_evaluation(out: Path) -> dict:
+    """An evaluation's results.json, with ``outcomes``: label -> swapped ("0"/"1") -> test problem
+    (its seed) -> the successes of its episodes (from episodes.jsonl): what paired comparisons read."""
+    result = json.loads((out / "results.json").read_text())
+    outcomes: dict[str, dict[str, dict[str, list[bool]]]] = {}
+    with open(out / "episodes.jsonl", encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            part = outcomes.setdefault(record["run"], {}).setdefault(str(int(bool(record.get("swapped")))), {})
+            part.setdefault(str(record["seed"]), []).append(bool(record["success"]))
+    return {**result, "outcomes": outcomes}
 
 
 def warm_start(args: argparse.Namespace, method: str) -> dict:
@@ -304,22 +345,60 @@ def before_sources(methods: list[str], warm: dict) -> dict[str, str]:
     return {method: "mas" if method != "mas" and same_team(method) else method for method in methods}
 
 
-def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict) -> dict:
-    """What a "before" evaluation depends on: runs, problems, overrides and the warm starts of the
-    evaluated methods (``warm``: method -> ``warm_start(args, method)``)."""
-    return {"specs": specs, "episodes": args.episodes, "overrides": args.overrides,
-            "warm": {method: warm[method] for method in (spec.split("=", 1)[0] for spec in specs)}}
+def source_hash() -> str:
+    """sha256 of the package's code and recipes as installed: what an evaluation's numbers also depend on."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
-def earlier_before(out: Path, specs: list[str], args: argparse.Namespace, warm: dict) -> dict | None:
-    """The "before" results of an earlier invocation when made of the same runs and warm start."""
+def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict, seed: int, split: str, source: str) -> dict:
+    """What a "before" evaluation depends on: the package's source (``source_hash``), each run's composed
+    config as the evaluation plays it (flat keys, rollout seed and ``--set`` included), the problems
+    (split, count) and the warm starts of the evaluated methods (``warm``: method -> ``warm_start``)."""
+    labels = [spec.split("=", 1)[0] for spec in specs]
+    return {"source": source, "split": split, "episodes": args.episodes, "seed": seed,
+            "configs": {label: flat_config(METHODS[label][0], eval_overrides(args, seed), Path(args.recipes)) for label in labels},
+            "warm": {label: warm[label] for label in labels}}
+
+
+def fingerprint_changes(saved: dict, now: dict) -> list[str]:
+    """Why a saved "before" cannot stand for the one asked for now, in words (empty: it can)."""
+    reasons = []
+    if saved.get("source") != now["source"]:
+        reasons.append(f"the package's source changed (sha256 {str(saved.get('source'))[:12]} -> {now['source'][:12]})")
+    for key in ("split", "episodes", "seed"):
+        if saved.get(key) != now[key]:
+            reasons.append(f"{key}: {json.dumps(saved.get(key))} -> {json.dumps(now[key])}")
+    saved_configs = saved.get("configs") or {}
+    for label, config in now["configs"].items():
+        changed = changed_keys(saved_configs[label], config) if label in saved_configs else ["not in it"]
+        if changed:
+            reasons.append(f"run {label}'s evaluation config: {'; '.join(changed[:3])}" + (f"; and {len(changed) - 3} more" if len(changed) > 3 else ""))
+    if saved.get("warm") != now["warm"]:
+        reasons.append("another warm start")
+    return reasons
+
+
+def earlier_before(folder: Path, fp: dict) -> dict | None:
+    """The "before" evaluation saved in ``folder`` when it was made as ``fp`` says (``fingerprint``);
+    otherwise None, having said which and why it is evaluated again."""
     try:
-        if json.loads((out / "before" / "fingerprint.json").read_text()) != fingerprint(specs, args, warm):
-            return None
-        before = json.loads((out / "before" / "results.json").read_text())
+        saved = json.loads((folder / "fingerprint.json").read_text())
     except (OSError, ValueError):
         return None
-    evaluate.say(f"[before] evaluated earlier with the same runs and warm start: {out / 'before'} kept")
+    reasons = fingerprint_changes(saved, fp)
+    if reasons:
+        evaluate.say(f"[before] {folder} evaluated again: {'; '.join(reasons)}")
+        return None
+    try:
+        before = read_evaluation(folder)
+    except (OSError, ValueError, KeyError):
+        evaluate.say(f"[before] {folder} evaluated again: its results are unreadable")
+        return None
+    evaluate.say(f"[before] {folder}: same source, configs, problems and warm start: kept")
     return before
 
 
@@ -327,55 +406,64 @@ def _role_rewards(row: dict | None) -> dict[str, float]:
     return {role: stats["reward_mean"] for role, stats in (row or {}).get("roles", {}).items()}
 
 
-def pooled(rows: list[dict]) -> tuple[float, int] | None:
-    """(success, episodes) of evaluations pooled: every episode counts once, whatever its seed."""
-    episodes = sum(row["episodes"] for row in rows)
-    return (sum(row["success"] * row["episodes"] for row in rows) / episodes, episodes) if episodes else None
+def _row_of(evaluation: dict | None, label: str, swapped: bool) -> dict | None:
+    return next((r for r in (evaluation or {}).get("rows", []) if r["label"] == label and r["swapped"] == swapped), None)
 
 
-def difference(a: tuple[float, int] | None, b: tuple[float, int] | None) -> dict | None:
-    """a - b of two pooled success rates, with the binomial standard error of the difference and the
-    difference in those standard errors (``z``)."""
-    if not a or not b:
-        return None
-    se = math.sqrt(binomial_se(*a) ** 2 + binomial_se(*b) ** 2)
-    return {"diff": a[0] - b[0], "se": se, "z": (a[0] - b[0]) / se if se else None}
+def _outcomes_of(evaluations: list[tuple[dict, str]], swapped: bool) -> dict[str, list[bool]]:
+    """test problem -> its successes over the given (evaluation, run label) pairs (one per seed)."""
+    merged: dict[str, list[bool]] = {}
+    for evaluation, label in evaluations:
+        for problem, wins in evaluation.get("outcomes", {}).get(label, {}).get(str(int(swapped)), {}).items():
+            merged.setdefault(problem, []).extend(wins)
+    return merged
+
+
+def _mean_roles(rows: list[dict]) -> dict[str, float]:
+    per_seed = [_role_rewards(row) for row in rows]
+    return {role: sum(r[role] for r in per_seed) / len(per_seed) for role in sorted(set().union(*per_seed)) if all(role in r for r in per_seed)}
 
 
 def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], sources: dict[str, str] | None = None,
               failed: dict[str, str] | None = None) -> list[dict]:
-    """One row per method (and per-role swapped): test success before (the row of ``sources[method]``,
-    ``before_sources``; default its own) and after, per seed and pooled over seeds with its standard
-    error, the gain over before in standard errors of the difference; per role its mean reward before
-    and after (mean over seeds: a role can learn while the team does not). A seed in ``failed``
-    (label -> why) is listed as failed and left out of every figure."""
-    base = {row["label"]: row for row in before["rows"] if not row["swapped"]}
+    """One row per method (and per-role swapped), per split: test success before (the evaluations of
+    ``sources[method]``, ``before_sources``; default its own: one per training seed, each sampled with
+    that seed) and after (each seed's run), per seed and as a mean over seeds with its t interval
+    (``stats.seed_interval``); the gain over before across runs (Welch's t, ``stats.seed_difference``)
+    and paired over test problems (``stats.paired_problems``); per role its mean reward. A seed in
+    ``failed`` (label -> why) is listed as failed and left out of every figure.
+
+    ``before``, ``after``: split -> seed -> an evaluation (``read_evaluation``)."""
+    failed = failed or {}
     table = []
     for method in methods:
+        source = (sources or {}).get(method, method)
         for swapped in ([False, True] if method in SWAPPED else [False]):
-            labels = {run_label(method, s): s for s in seeds}
-            rows = {labels[row["label"]]: row for row in after["rows"] if row["swapped"] == swapped and row["label"] in labels}
-            done = [s for s in seeds if s in rows]
-            values = [rows[s]["success"] for s in done]
-            start = base.get((sources or {}).get(method, method))  # the method's recipe at its warm start
-            start_pooled = (start["success"], start["episodes"]) if start else None
-            after_pooled = pooled([rows[s] for s in done])
-            after_roles = [_role_rewards(rows[s]) for s in done]
-            table.append({
-                "method": method, "recipe": METHODS[method][0], "name": METHODS[method][1] + (", policies swapped" if swapped else ""), "swapped": swapped,
-                "before": start["success"] if start else None, "before_episodes": start["episodes"] if start else None,
-                "before_se": binomial_se(*start_pooled) if start_pooled else None,
-                "after_per_seed": {s: rows[s]["success"] for s in done}, "after_episodes_per_seed": {s: rows[s]["episodes"] for s in done},
-                "failed_seeds": {s: (failed or {})[label] for label, s in labels.items() if label in (failed or {})},
-                "after_mean": sum(values) / len(values) if values else None,
-                "after_min": min(values) if values else None, "after_max": max(values) if values else None,
-                "after_pooled": after_pooled[0] if after_pooled else None, "after_episodes": after_pooled[1] if after_pooled else 0,
-                "after_se": binomial_se(*after_pooled) if after_pooled else None,
-                "gain": None if swapped else difference(after_pooled, start_pooled),
-                "role_reward_before": _role_rewards(start),
-                "role_reward_after": {role: sum(r[role] for r in after_roles) / len(after_roles)
-                                      for role in sorted(set().union(*after_roles)) if all(role in r for r in after_roles)},
-            })
+            labels = {seed: run_label(method, seed) for seed in seeds}
+            row = {"method": method, "recipe": METHODS[method][0], "name": METHODS[method][1] + (", policies swapped" if swapped else ""),
+                   "swapped": swapped, "failed_seeds": {s: failed[label] for s, label in labels.items() if label in failed}, "splits": {}}
+            for split in after.keys() | before.keys():
+                starts = {s: r for s in seeds if (r := _row_of(before.get(split, {}).get(s), source, False)) is not None}
+                ends = {s: r for s in seeds if labels[s] not in failed and (r := _row_of(after.get(split, {}).get(s), labels[s], swapped)) is not None}
+                b, a = [r["success"] for r in starts.values()], [r["success"] for r in ends.values()]
+                a_out = _outcomes_of([(after[split][s], labels[s]) for s in ends], swapped)
+                b_out = _outcomes_of([(before[split][s], source) for s in starts], False)
+                row["splits"][split] = {
+                    "before_per_seed": {s: r["success"] for s, r in starts.items()},
+                    "before": None if swapped else stats.seed_interval(b),
+                    "before_mean": sum(b) / len(b) if b and not swapped else None,
+                    "after_per_seed": {s: r["success"] for s, r in ends.items()},
+                    "episodes_per_seed": {s: r["episodes"] for s, r in ends.items()},
+                    # one evaluation's own noise (binomial): a description of it, not of another training run
+                    "after_binomial_se_per_seed": {s: binomial_se(r["success"], r["episodes"]) for s, r in ends.items()},
+                    "after": stats.seed_interval(a),
+                    "after_mean": sum(a) / len(a) if a else None, "after_min": min(a, default=None), "after_max": max(a, default=None),
+                    "gain": None if swapped else stats.seed_difference(a, b),
+                    "gain_paired": None if swapped else stats.paired_problems(a_out, b_out),
+                    "role_reward_before": _mean_roles(list(starts.values())), "role_reward_after": _mean_roles(list(ends.values())),
+                    "outcomes": a_out,  # for comparisons between methods; not written to reproduce.json
+                }
+            table.append(row)
     return table
 
 
@@ -384,51 +472,98 @@ COMPARISONS = [(("mas", False), ("sa", False)), (("per_role", False), ("sa", Fal
                (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False)), (("real", True), ("real", False))]
 
 
-def _after(row: dict) -> tuple[float, int] | None:
-    """A table row's (pooled success, episodes) after training; None when no seed finished."""
-    return (row["after_pooled"], row["after_episodes"]) if row["after_episodes"] else None
-
-
 def comparisons(table: list[dict]) -> list[dict]:
-    """After training, each pair of ``COMPARISONS`` present in ``table``: a - b pooled over seeds."""
+    """After training, per split, each pair of ``COMPARISONS`` present in ``table``: a - b across
+    training runs (Welch's t over the seeds' figures) and paired over the test problems both played."""
     rows = {(row["method"], row["swapped"]): row for row in table}
     found = []
     for a, b in COMPARISONS:
-        if a in rows and b in rows:
-            diff = difference(_after(rows[a]), _after(rows[b]))
-            if diff:
-                found.append({"a": rows[a]["name"], "b": rows[b]["name"], **diff})
+        if a not in rows or b not in rows:
+            continue
+        for split in sorted(rows[a]["splits"].keys() & rows[b]["splits"].keys(), key=split_order):
+            x, y = rows[a]["splits"][split], rows[b]["splits"][split]
+            if x["after_per_seed"] and y["after_per_seed"]:
+                found.append({"split": split, "a": rows[a]["name"], "b": rows[b]["name"],
+                              "seeds": stats.seed_difference(list(x["after_per_seed"].values()), list(y["after_per_seed"].values())),
+                              "paired": stats.paired_problems(x["outcomes"], y["outcomes"])})
     return found
 
 
-def _diff_text(diff: dict | None) -> str:
-    return "-" if diff is None else f"{diff['diff']:+.3f} ± {diff['se']:.3f} ({diff['z']:+.1f} SE)"
+def split_order(split: str) -> tuple[int, str]:
+    return (SPLITS.index(split) if split in SPLITS else len(SPLITS), split)
+
+
+def public(table: list[dict]) -> list[dict]:
+    """The table as reproduce.json holds it: without the per-problem outcomes."""
+    return [{**row, "splits": {split: {k: v for k, v in part.items() if k != "outcomes"} for split, part in row["splits"].items()}}
+            for row in table]
+
+
+def _interval_text(interval: dict | None, values: list[float]) -> str:
+    if interval is not None:
+        return f"{interval['mean']:.3f} [{interval['low']:.3f}, {interval['high']:.3f}]"
+    return f"{values[0]:.3f} (one run)" if values else "-"
+
+
+def _p_text(p: float | None) -> str:
+    if p is None:
+        return ""
+    return f", p < {1 / stats.BOOTSTRAP_RESAMPLES:g}" if p == 0 else f", p = {p:.3f}"
+
+
+def _gain_text(gain: dict | None) -> str:
+    if gain is None:
+        return "n/a (needs 2+ runs a side)"
+    return f"{gain['diff']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]{_p_text(gain.get('p'))}"
 
 
 def markdown(table: list[dict], meta: dict) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    seeds = meta["seeds"]
+    level = f"{stats.LEVEL:.0%}"
     lines = [
         "# Reproduction: Plan-Path 4x4 in one turn (routes of 2-3 moves), models warm-started on noisy demonstrations",
         "",
-        f"Test success (share of {meta['episodes']} test problems solved, sampled at T = 1), before training (the warm start) "
-        f"and after {meta['steps']} steps (each run's best step on val), over seeds {', '.join(map(str, meta['seeds']))}: "
-        "pooled over seeds (every episode counts once) ± its binomial standard error (episodes), and the gain over the warm "
-        "start in standard errors of the difference. "
+        f"Test success (share of {meta['episodes']} problems solved, sampled at T = 1) before training (the warm start, "
+        f"evaluated once per training seed with that seed's sampling) and after {meta['steps']} steps (each run's best step on "
+        f"val), training seeds {', '.join(map(str, seeds))}. Before and after: the mean over seeds with its {level} t interval "
+        "from the variance between runs (seeds - 1 degrees of freedom). Gain over seeds: after - before, Welch's t over the "
+        f"two sets of runs ({level} interval, two-sided p). Gain paired over problems: the same problems before and after, "
+        f"each problem's success averaged over seeds, with a {level} bootstrap interval over problems (p: the share of "
+        f"{stats.BOOTSTRAP_RESAMPLES} resamples on the other side of zero, two-sided). "
         f"This invocation took {meta['wall_s'] / 60:.0f} min, not counting the warm start and data made before it "
-        "(`make reproduce` makes both) nor training runs kept from an earlier invocation.",
-        "",
-        "| method | before | after | gain | " + " | ".join(f"seed {s}" for s in meta["seeds"]) + " | role reward: before -> after (mean) |",
-        "|---|---|---|---|" + "---|" * len(meta["seeds"]) + "---|",
+        "(`make reproduce` makes both) nor evaluations and training runs kept from an earlier invocation.",
     ]
-    for row in table:
-        roles = ", ".join(f"{role} {fmt(row['role_reward_before'].get(role))} -> {fmt(reward)}" for role, reward in row["role_reward_after"].items())
-        before = "-" if row["swapped"] or row["before"] is None else f"{row['before']:.3f} ± {row['before_se']:.3f} ({row['before_episodes']})"
-        after = "-" if row["after_pooled"] is None else f"{row['after_pooled']:.3f} ± {row['after_se']:.3f} ({row['after_episodes']})"
-        seeds = ["failed" if s in row["failed_seeds"] else fmt(row["after_per_seed"].get(s)) for s in meta["seeds"]]
-        lines.append("| " + " | ".join([row["name"], before, after, _diff_text(row["gain"]), *seeds, roles or "-"]) + " |")
-    lines += ["", "After training, pooled over seeds (a - b ± the standard error of the difference):", ""]
-    lines += [f"- {c['a']} - {c['b']}: {_diff_text(c)}" for c in meta.get("comparisons", [])] or ["- (no pair of methods ran)"]
-    lines += ["", "Role reward: the mean reward of a role's replies in the test episodes (`before/` and `after/results.json`).",
+    if len(seeds) < 2:
+        lines += ["", "**One training seed**: the variance between training runs cannot be estimated, so no interval over "
+                  "seeds and no gain over seeds is given, and no claim about training runs is made; the paired figures "
+                  "describe this one run on these problems."]
+    for split in sorted({split for row in table for split in row["splits"]}, key=split_order):
+        what = SPLIT_NAMES.get(split, split)
+        lines += ["", f"## {what} (`{split}`{', sha256 ' + meta['split_sha256'][split][:16] if split in meta.get('split_sha256', {}) else ''})", "",
+                  "| method | before | after | gain over seeds | gain paired over problems | " + " | ".join(f"seed {s}" for s in seeds)
+                  + " | role reward: before -> after (mean) |",
+                  "|---|---|---|---|---|" + "---|" * len(seeds) + "---|"]
+        for row in table:
+            part = row["splits"].get(split)
+            if part is None:
+                continue
+            roles = ", ".join(f"{role} {fmt(part['role_reward_before'].get(role))} -> {fmt(reward)}" for role, reward in part["role_reward_after"].items())
+            before = "-" if row["swapped"] else _interval_text(part["before"], list(part["before_per_seed"].values()))
+            after = _interval_text(part["after"], list(part["after_per_seed"].values()))
+            gain = "-" if row["swapped"] else _gain_text(part["gain"])
+            paired = "-" if row["swapped"] else _gain_text(part["gain_paired"])
+            cells = ["failed" if s in row["failed_seeds"] else fmt(part["after_per_seed"].get(s)) for s in seeds]
+            lines.append("| " + " | ".join([row["name"], before, after, gain, paired, *cells, roles or "-"]) + " |")
+        lines += ["", f"After training on {what.lower()}, a - b (over seeds: Welch's t; paired: over problems):", ""]
+        lines += [f"- {c['a']} - {c['b']}: over seeds {_gain_text(c['seeds'])}; paired {_gain_text(c['paired'])}"
+                  for c in meta.get("comparisons", []) if c["split"] == split] or ["- (no pair of methods ran)"]
+        noise = next(((part["episodes_per_seed"][s], part["after_binomial_se_per_seed"][s]) for row in table
+                      if (part := row["splits"].get(split)) for s in part["episodes_per_seed"]), None)
+        if noise:
+            lines += ["", f"One evaluation's own noise (binomial, {noise[0]} episodes): about ±{noise[1]:.3f} on a success rate, "
+                      "a description of that evaluation alone; a claim about training rests on the intervals over seeds."]
+    lines += ["", "Role reward: the mean reward of a role's replies in the test episodes (`before/` and `after/`).",
               "", "Warm starts: " + "; ".join(f"{METHODS[method][1]}: " + ", ".join(f"{policy} `{model}`" for policy, model in policies.items())
                                               for method, policies in meta["warm_starts"].items()) + "."]
     for method, source in meta.get("before_of", {}).items():
@@ -454,15 +589,18 @@ def plot_table(table: list[dict], out: Path) -> str:
     def label(text: str) -> str | None:  # each legend entry once
         return None if text in labelled or labelled.add(text) else text
 
+    split = min((split for row in table for split in row["splits"]), key=split_order, default=None)
     for i, row in enumerate(table):
-        if row["before"] is not None and not row["swapped"]:
-            ax.bar(i - 0.2, row["before"], 0.4, color="lightgrey", label=label("before (warm start)"))
-        if row["after_mean"] is not None:
-            spread = [[row["after_mean"] - row["after_min"]], [row["after_max"] - row["after_mean"]]]
-            ax.bar(i + 0.2, row["after_mean"], 0.4, yerr=spread, capsize=4, color="tab:red" if row["swapped"] else "tab:blue",
+        part = row["splits"].get(split) or {}
+        if part.get("before_mean") is not None:
+            spread = [[part["before_mean"] - min(part["before_per_seed"].values())], [max(part["before_per_seed"].values()) - part["before_mean"]]]
+            ax.bar(i - 0.2, part["before_mean"], 0.4, yerr=spread, capsize=4, color="lightgrey", label=label("before (warm start; mean, min-max over seeds)"))
+        if part.get("after_mean") is not None:
+            spread = [[part["after_mean"] - part["after_min"]], [part["after_max"] - part["after_mean"]]]
+            ax.bar(i + 0.2, part["after_mean"], 0.4, yerr=spread, capsize=4, color="tab:red" if row["swapped"] else "tab:blue",
                    label=label("after, swapped" if row["swapped"] else "after (mean, min-max over seeds)"))
     ax.set_xticks(range(len(table)), [row["name"].replace(", ", ",\n", 1) for row in table], fontsize=8)
-    ax.set_ylabel("success on the test split")
+    ax.set_ylabel(f"success on the {split} split")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -470,6 +608,23 @@ def plot_table(table: list[dict], out: Path) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+def check_splits(args: argparse.Namespace) -> dict[str, str]:
+    """split -> sha256 of its problems, for the splits asked for; a missing split names the command
+    that writes it, and a confirmation split that shares problems with train, val or test is refused."""
+    cfg = runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes))
+    files = {split: runs.split_file(cfg, split) for split in ("train", "val", *args.splits)}
+    tasks = {split: [task_key(json.loads(info["task_json"])) for info in pd.read_parquet(path, columns=["extra_info"])["extra_info"]]
+             for split, path in files.items()}
+    if "confirm" in tasks:
+        shared = {split: len(set(tasks["confirm"]) & set(tasks[split])) for split in ("train", "val", "test") if split in tasks}
+        if any(shared.values()):
+            raise ReproduceError(f"the confirmation split {files['confirm']} shares problems with "
+                                 + ", ".join(f"{split} ({n})" for split, n in shared.items() if n)
+                                 + ": it must be disjoint from every split used to train or choose; write it again with the data "
+                                 "command of the recipe's data section (--confirm: a seed range of its own)")
+    return {split: hashlib.sha256("\n".join(tasks[split]).encode()).hexdigest() for split in args.splits}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -486,27 +641,41 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:  # refused before the "before" evaluation, not an hour into it
             for seed in args.seeds:
                 check_saved(out / "checkpoints" / run_label(method, seed), steps, warm[method], settings[method])
-        # each method's recipe at its warm start, once per distinct team (a model per role may start its roles apart: --set)
+        split_sha256 = check_splits(args)
+        # each method's recipe at its warm start, once per distinct team (a model per role may start its roles apart: --set),
+        # once per training seed (each its own draw) and split; kept from an earlier invocation only if made alike
         sources = before_sources(args.methods, warm)
         before_specs = [f"{name}={METHODS[name][0]}" for name in args.methods if sources[name] == name]
-        before = earlier_before(out, before_specs, args, warm)
-        if before is None:
-            before = evaluate_runs(before_specs, args, out / "before", swap=False)
-            (out / "before" / "fingerprint.json").write_text(json.dumps(fingerprint(before_specs, args, warm)))
+        source = source_hash()
+        before: dict[str, dict[int, dict]] = {}
+        for split in args.splits:
+            for seed in args.seeds:
+                folder = out / "before" / split / f"s{seed}"
+                fp = fingerprint(before_specs, args, warm, seed, split, source)
+                found = earlier_before(folder, fp)
+                if found is None:
+                    found = evaluate_runs(before_specs, args, folder, seed, split, swap=False)
+                    write_whole(folder / "fingerprint.json", json.dumps(fp))
+                before.setdefault(split, {})[seed] = found
         failed = train_all(steps, args, out, warm, settings)
-        after_specs = [f"{run_label(m, s)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, s)}"
-                       for s in args.seeds for m in args.methods if run_label(m, s) not in failed]
-        after = evaluate_runs(after_specs, args, out / "after") if after_specs else {"rows": []}
+        after: dict[str, dict[int, dict]] = {}
+        for split in args.splits:
+            for seed in args.seeds:
+                specs = [f"{run_label(m, seed)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, seed)}"
+                         for m in args.methods if run_label(m, seed) not in failed]
+                if specs:
+                    after.setdefault(split, {})[seed] = evaluate_runs(specs, args, out / "after" / split / f"s{seed}", seed, split)
     except (ReproduceError, runs.EvalError) as error:
         print(f"reproduce: {error}", file=sys.stderr)
         return 1
     table = aggregate(before, after, args.methods, args.seeds, sources, failed)
-    meta = {"steps": steps, "seeds": args.seeds, "episodes": next((r["episodes"] for r in after["rows"]), None),
-            "wall_s": time.perf_counter() - started, "overrides": args.overrides,
+    episodes = next((r["episodes"] for split in after.values() for ev in split.values() for r in ev["rows"]), None)
+    meta = {"steps": steps, "seeds": args.seeds, "splits": args.splits, "split_sha256": split_sha256, "episodes": episodes,
+            "wall_s": time.perf_counter() - started, "overrides": args.overrides, "source_sha256": source,
             "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm[m].items()} for m in args.methods},
-            "before_of": {m: source for m, source in sources.items() if source != m},
+            "before_of": {m: source_of for m, source_of in sources.items() if source_of != m},
             "comparisons": comparisons(table), "failed": failed}
-    (out / "reproduce.json").write_text(json.dumps({**meta, "rows": table}, indent=1))
+    (out / "reproduce.json").write_text(json.dumps({**meta, "rows": public(table)}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
     logs = {m: [str(out / "logs" / f"{run_label(m, s)}.jsonl") for s in args.seeds if run_label(m, s) not in failed] for m in args.methods}
     curves = [f"--curves={m}=" + ",".join(files) for m, files in logs.items() if files]

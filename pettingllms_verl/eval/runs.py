@@ -78,7 +78,7 @@ def split_file(cfg: DictConfig, split: str) -> str:
     if not os.path.isfile(path):
         raise EvalError(
             f"--split {split}: {path} does not exist; write it with the data-prep command in the recipe's "
-            f"data section (recipes/base/data/), which writes train, val and test"
+            f"data section (recipes/base/data/), which writes train, val and test (and confirm, with --confirm N)"
         )
     return path
 

@@ -1,0 +1,86 @@
+"""The reproduction's statistics: pure functions over success rates (scipy for the distributions).
+
+Two sources of noise stand between a training method and a number on a test split, and a claim must
+survive both:
+
+- **training runs** differ (data order, sampling): a method's figure is the mean over its seeds, with
+  a t interval from the variance between seeds (seeds - 1 degrees of freedom, ``seed_interval``); two
+  sets of runs (a method against its warm start, or against another method) are compared by Welch's t
+  (``seed_difference``). With one seed there is no between-run variance: no interval, no claim.
+- **test problems** are a sample: the same problems are played before and after (or by two methods),
+  so their difference is paired by problem, with a bootstrap over problems (``paired_problems``).
+
+The binomial standard error of one evaluation (``results.binomial_se``) describes that evaluation's
+noise alone: it says nothing about how much another training run would differ.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy import stats
+
+LEVEL = 0.95  # every interval's confidence level
+BOOTSTRAP_RESAMPLES = 10_000
+
+
+def seed_interval(values: Sequence[float], level: float = LEVEL) -> dict | None:
+    """Mean over training runs with its t interval; None with fewer than two runs.
+
+    Args:
+        values: (seeds,) one figure per training run (e.g. test success).
+    """
+    if len(values) < 2:
+        return None
+    x = np.asarray(values, dtype=float)
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    se, df = sd / math.sqrt(len(x)), len(x) - 1
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    return {"mean": mean, "sd": sd, "se": se, "df": df, "low": mean - half, "high": mean + half, "level": level, "runs": len(x)}
+
+
+def seed_difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> dict | None:
+    """mean(a) - mean(b) of two independent sets of runs: Welch's t (no equal variances assumed), its
+    interval and two-sided p; None unless each side has two runs or more.
+
+    Args:
+        a, b: (runs,) one figure per run of each side (their counts may differ).
+    """
+    if len(a) < 2 or len(b) < 2:
+        return None
+    a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    diff = float(a_.mean() - b_.mean())
+    if np.ptp(a_) == 0 and np.ptp(b_) == 0:  # no spread on either side: t is undefined, the difference exact
+        return {"diff": diff, "se": 0.0, "df": None, "low": diff, "high": diff, "t": None, "p": None, "level": level, "runs": (len(a_), len(b_))}
+    test = stats.ttest_ind(a_, b_, equal_var=False)
+    interval = test.confidence_interval(confidence_level=level)
+    se = math.sqrt(a_.var(ddof=1) / len(a_) + b_.var(ddof=1) / len(b_))
+    return {"diff": diff, "se": se, "df": float(test.df), "low": float(interval.low), "high": float(interval.high),
+            "t": float(test.statistic), "p": float(test.pvalue), "level": level, "runs": (len(a_), len(b_))}
+
+
+def paired_problems(a: Mapping[str, Sequence[bool]], b: Mapping[str, Sequence[bool]], level: float = LEVEL,
+                    resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> dict | None:
+    """a - b over the test problems both played, paired by problem: each problem's success rate (over
+    its episodes, e.g. one per seed) under a minus under b, averaged over problems, with a percentile
+    bootstrap interval over problems and the share of bootstrap means on the other side of zero
+    (``p``: two-sided). None when no problem is shared.
+
+    Args:
+        a, b: problem id -> the successes of its episodes under each side.
+    """
+    shared = sorted(a.keys() & b.keys())
+    if not shared:
+        return None
+    d = np.array([np.mean(a[p]) - np.mean(b[p]) for p in shared], dtype=float)
+    diff = float(d.mean())
+    if np.ptp(d) == 0:  # every problem moved alike: no resample differs
+        return {"diff": diff, "low": diff, "high": diff, "p": None if diff else 1.0, "problems": len(shared), "level": level}
+    boot = stats.bootstrap((d,), np.mean, n_resamples=resamples, confidence_level=level, method="percentile",
+                           rng=np.random.default_rng(seed))
+    means = boot.bootstrap_distribution
+    p = min(1.0, 2 * min(float((means <= 0).mean()), float((means >= 0).mean())))
+    return {"diff": diff, "low": float(boot.confidence_interval.low), "high": float(boot.confidence_interval.high), "p": p,
+            "problems": len(shared), "level": level}
