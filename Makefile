@@ -49,12 +49,14 @@ $(ARTIFACTS)/data/quickstart/train.parquet: | $(INSTALLED)
 	$(PY) data_prep/quickstart.py --out-dir $(ARTIFACTS)/data/quickstart
 
 # Every other data set: the data_prep command written in recipes/base/data/<name>.yaml, run as
-# written there (tests/test_recipes.py runs the same commands), e.g. make data-sokoban_6x6.
-$(ARTIFACTS)/data/%/train.parquet: | recipes/base/data/%.yaml $(INSTALLED)
+# written there (tests/test_recipes.py runs the same commands), e.g. make data-sokoban_6x6. One run
+# writes every split: a confirmation split asked for later (make reproduce) writes them all again,
+# the others as they were (each split has its own seeds).
+$(ARTIFACTS)/data/%/train.parquet $(ARTIFACTS)/data/%/confirm.parquet: | recipes/base/data/%.yaml $(INSTALLED)
 	@cmd="$(PY) $$(sed -n 's|^#   python \(data_prep/.*\)$$|\1|p' recipes/base/data/$*.yaml)"; echo "+ $$cmd"; eval "$$cmd"
 
 data-%: $(ARTIFACTS)/data/%/train.parquet ;
-.PRECIOUS: $(ARTIFACTS)/data/%/train.parquet  # built through the data-% pattern: without this make deletes it as an intermediate
+.PRECIOUS: $(ARTIFACTS)/data/%/train.parquet $(ARTIFACTS)/data/%/confirm.parquet  # built through the data-% pattern: without this make deletes it as an intermediate
 
 model: $(ARTIFACTS)/tiny_model/config.json  ## build the tiny model the CPU recipes start from
 data: $(ARTIFACTS)/data/quickstart/train.parquet  ## make the quickstart's data
@@ -133,7 +135,7 @@ $(ARTIFACTS)/tiny_model_plan_path_team/config.json: $(ARTIFACTS)/tiny_model_plan
 
 model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_team/config.json  ## the reproduction's warm start (both SFT stages)
 
-reproduce: model-plan-path-demos data-plan_path_4x4_short  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
+reproduce: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
 
 # The real model on the same task (make reproduce-real): SmolLM2-135M-Instruct with a LoRA adapter per
@@ -153,7 +155,7 @@ real-warm-start: $(ARTIFACTS)/smollm2_135m_tool_adapter/adapter_config.json $(AR
 
 # --jobs 1: the trained and swapped evaluations one after the other, each with both cores, so that one
 # rollout server (up to ~7 GB) is in memory at a time
-reproduce-real: real-warm-start data-plan_path_4x4_short  ## the real model (SmolLM2-135M, an adapter per role) on the reproduction's task, before and after AT-GRPO
+reproduce-real: real-warm-start data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## the real model (SmolLM2-135M, an adapter per role) on the reproduction's task, before and after AT-GRPO
 	$(PY) -m pettingllms_verl.eval.reproduce --methods real --seeds $(REAL_SEEDS) --episodes $(REAL_TEST) --jobs 1 --out $(ARTIFACTS)/reproduce_real
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)

@@ -305,6 +305,8 @@ def test_aggregate_reports_before_and_after_over_seeds_with_intervals_and_gains_
     meta = {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 600, "warm_starts": warm, "comparisons": reproduce.comparisons(rows)}
     text = reproduce.markdown(rows, meta)
     assert "MAS + AT-GRPO, a model per role: tool_policy `demos`, plan_policy `planner`." in text
+    swap = next(c for c in meta["comparisons"] if c["a"].endswith("policies swapped"))
+    assert swap["seeds"]["diff"] == pytest.approx(-0.4) and swap["seeds"]["df"] == 1  # the same runs swapped: paired by seed
     assert "| MAS + AT-GRPO, a model per role | 0.300 [-0.335, 0.935] | 0.700 [-0.571, 1.971] | +0.400 [" in text
     assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 [-0.971, 1.571] | - | - | 0.200 | 0.400 | - |" in text
     assert "## Development test split (`test`)" in text and "One training seed" not in text
@@ -372,6 +374,12 @@ def test_the_statistics_on_constructed_cases_with_known_answers():
     assert diff["df"] == pytest.approx((va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3))
     assert diff["p"] < 0.01 and diff["low"] > 0
     assert stats.seed_difference([0.5], b) is None and stats.seed_interval([0.5]) is None
+    # the same runs swapped and not: a paired t over runs, which sees a shift every run shares
+    trained, swapped = [0.936, 0.890, 0.854], [0.834, 0.824, 0.835]
+    paired, unpaired = stats.seed_difference(swapped, trained, paired=True), stats.seed_difference(swapped, trained)
+    shifts = [s - t for s, t in zip(swapped, trained)]
+    assert paired["diff"] == pytest.approx(statistics.mean(shifts)) and paired["se"] == pytest.approx(statistics.stdev(shifts) / math.sqrt(3))
+    assert paired["df"] == 2 and paired["p"] != unpaired["p"]
     # paired: every problem gains 0.5 -> the difference is exact; no gain on balance -> an interval across zero
     same = stats.paired_problems({str(i): [True] for i in range(50)}, {str(i): [True, False] for i in range(50)})
     assert (same["diff"], same["low"], same["high"]) == (0.5, 0.5, 0.5)
@@ -393,7 +401,7 @@ def test_before_is_reused_only_for_the_same_source_config_problems_and_warm_star
     warm = lambda a: {m: reproduce.warm_start(a, m) for m in ("sa", "mas")}  # noqa: E731  (read again: the model may change)
     folder = tmp_path / "out" / "before" / "test" / "s0"
     folder.mkdir(parents=True)
-    fp = lambda a, seed=0, source="abc": reproduce.fingerprint(specs, a, warm(a), seed, "test", source)  # noqa: E731
+    fp = lambda a, seed=0, source="abc", problems="p1": reproduce.fingerprint(specs, a, warm(a), seed, "test", source, problems)  # noqa: E731
     assert reproduce.earlier_before(folder, fp(args)) is None  # nothing there
     (folder / "results.json").write_text(json.dumps({"rows": [_row("sa", 0.1), _row("mas", 0.2)]}))
     (folder / "episodes.jsonl").write_text(json.dumps({"run": "mas", "seed": 7, "success": True}) + "\n")
@@ -406,6 +414,8 @@ def test_before_is_reused_only_for_the_same_source_config_problems_and_warm_star
     other = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "8", "--set", "actor_rollout_ref.rollout.val_kwargs.top_p=0.9"])
     assert reproduce.earlier_before(folder, fp(other)) is None  # the evaluation samples otherwise
     assert "run sa's evaluation config: actor_rollout_ref.rollout.val_kwargs.top_p: 1.0 -> 0.9" in capsys.readouterr().out
+    assert reproduce.earlier_before(folder, fp(args, problems="p2")) is None  # the split was written again, with other problems
+    assert "evaluated again: the test split holds other problems (sha256 p1 -> p2)" in capsys.readouterr().out
     assert reproduce.earlier_before(folder, fp(args, seed=1)) is None  # another draw
     assert "seed: 0 -> 1" in capsys.readouterr().out
     assert reproduce.earlier_before(folder, fp(reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "16"]))) is None
@@ -457,6 +467,10 @@ def test_a_confirmation_split_sharing_problems_with_another_split_is_refused_nam
     write_parquet(splits["confirm"][:1] + splits["train"][:2], str(data / "confirm.parquet"))  # two training problems leaked in
     with pytest.raises(reproduce.ReproduceError, match=r"confirmation split .*confirm.parquet shares problems with train \(2\)"):
         reproduce.check_splits(args)
+    write_parquet(splits["confirm"][:2] + splits["test"][:1], str(data / "confirm.parquet"))
+    confirm_only = reproduce.parse_args(["--methods", "mas", "--splits", "confirm", "--out", str(tmp_path / "out")])
+    with pytest.raises(reproduce.ReproduceError, match=r"shares problems with test \(1\)"):  # checked against test, evaluated or not
+        reproduce.check_splits(confirm_only)
     (data / "confirm.parquet").unlink()
     with pytest.raises(reproduce.runs.EvalError, match="confirm.parquet does not exist.*--confirm N"):
         reproduce.check_splits(args)
@@ -491,8 +505,8 @@ def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_
     assert reproduce.warm_start(together, "per_role")["plan_policy"]["warm_start"] == {"name": "tiny_model_plan_path_team"}
     # the "before" evaluation and a finished run both belong to the warm starts they came from
     specs = ["per_role=plan_path_mas_full_repro_cpu"]
-    assert (reproduce.fingerprint(specs, apart, {"per_role": warm}, 0, "test", "src")
-            != reproduce.fingerprint(specs, together, {"per_role": reproduce.warm_start(together, "per_role")}, 0, "test", "src"))
+    assert (reproduce.fingerprint(specs, apart, {"per_role": warm}, 0, "test", "src", "p")
+            != reproduce.fingerprint(specs, together, {"per_role": reproduce.warm_start(together, "per_role")}, 0, "test", "src", "p"))
     run_dir = tmp_path / "out" / "checkpoints" / "per_role_s0"
     run_dir.mkdir(parents=True)
     (run_dir / "latest_checkpointed_iteration.txt").write_text("40")
@@ -514,3 +528,66 @@ def test_the_real_model_is_not_in_the_default_methods_and_its_adapters_starts_ar
     assert warm["plan_adapter"]["warm_start"] == {"roles": ["plan"]}
     assert any(start["model"].endswith("smollm2_135m") for start in warm.values())  # the base the adapters sit on
     assert reproduce.before_sources(["mas", "real"], {"mas": reproduce.warm_start(args, "mas"), "real": warm})["real"] == "real"
+
+
+def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_in_for(tmp_path, monkeypatch, capsys):
+    """``reproduce.main`` end to end, main_ppo and pettingllms-eval replaced by stand-ins: per split
+    and seed a "before" and an "after" evaluation, each seed's sampling its own, the table with
+    intervals over runs and paired figures, and a rerun that keeps the "before" evaluations."""
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    data = tmp_path / "artifacts" / "data" / "plan_path_4x4_short"
+    splits = generate_splits("plan_path", {"train": 4, "val": 2, "test": 4, "confirm": 4}, {"size": 4, "wall_density": 0.3}, log=lambda _: None)
+    for split, rows in splits.items():
+        write_parquet(rows, str(data / f"{split}.parquet"))
+
+    def main_ppo(command, env=None, **kwargs):  # a training run: a checkpoint tracker and one logged step
+        checkpoints = Path(next(a for a in command if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
+        Path(env["VERL_FILE_LOGGER_PATH"]).write_text("".join(json.dumps({"step": s, "data": {"mas/success": 0.5}}) + "\n" for s in (1, 2)))
+        return subprocess.CompletedProcess(command, 0)
+
+    evaluations = []
+
+    def fake_eval(argv):  # an evaluation: success by run, sampling seed and split; every problem played
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        split, seed = argv[argv.index("--split") + 1], int(next(a for a in argv if "rollout.seed=" in a).rsplit("=", 1)[1])
+        evaluations.append((out.relative_to(tmp_path / "out"), split, seed))
+        problems = [str(row["extra_info"]["seed"]) for row in splits[split]]
+        rows, records = [], []
+        for spec in (a for a in argv if "=" in a and not a.startswith("--")):
+            label = spec.split("=", 1)[0]
+            for swapped in ([False, True] if "full" in spec and "--swap" not in argv else [False]):
+                trained = "@" in spec
+                wins = [trained and not swapped or (i + seed) % 2 == 0 for i in range(len(problems))]
+                rows.append(_row(label, sum(wins) / len(wins), swapped=swapped, episodes=len(wins)))
+                records += [{"run": label, "seed": p, "success": w, "swapped": swapped} for p, w in zip(problems, wins)]
+        (out / "results.json").write_text(json.dumps({"split": split, "rows": rows}))
+        (out / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return 0
+
+    monkeypatch.setattr(reproduce.subprocess, "run", main_ppo)
+    monkeypatch.setattr(reproduce.evaluate, "main", fake_eval)
+    argv = ["--methods", "mas,per_role", "--seeds", "0,1", "--steps", "2", "--out", str(tmp_path / "out"), "--jobs", "1"]
+    assert reproduce.main(argv) == 0
+    before = sorted(e for e in evaluations if e[0].parts[0] == "before")
+    assert before == [(Path("before/confirm/s0"), "confirm", 0), (Path("before/confirm/s1"), "confirm", 1),
+                      (Path("before/test/s0"), "test", 0), (Path("before/test/s1"), "test", 1)]  # per-role starts as the shared team
+    assert sorted(e for e in evaluations if e[0].parts[0] == "after") == [
+        (Path(f"after/{split}/s{seed}"), split, seed) for split in ("confirm", "test") for seed in (0, 1)]
+    result = json.loads((tmp_path / "out" / "reproduce.json").read_text())
+    assert set(result["split_sha256"]) == {"test", "confirm"} and len(result["source_sha256"]) == 64
+    mas = next(row for row in result["rows"] if row["method"] == "mas")
+    assert mas["splits"]["confirm"]["after_per_seed"] == {"0": 1.0, "1": 1.0} and mas["splits"]["test"]["before_per_seed"] == {"0": 0.5, "1": 0.5}
+    assert mas["splits"]["test"]["gain_paired"]["diff"] == pytest.approx(0.5)
+    assert {(c["split"], c["a"]) for c in result["comparisons"]} >= {("test", "MAS + AT-GRPO, a model per role, policies swapped")}
+    text = (tmp_path / "out" / "reproduce.md").read_text()
+    assert "## Development test split (`test`, sha256 " in text and "## Confirmation split (`confirm`, sha256 " in text
+    evaluations.clear()
+    assert reproduce.main(argv) == 0  # again: the runs are finished and the "before" evaluations made alike: kept
+    assert [e for e in evaluations if e[0].parts[0] == "before"] == []
+    assert capsys.readouterr().out.count("same source, configs, problems and warm start: kept") == 4

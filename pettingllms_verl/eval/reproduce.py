@@ -52,6 +52,7 @@ from pettingllms_verl.eval import __main__ as evaluate
 from pettingllms_verl.envs.splits import task_key
 from pettingllms_verl.eval import plots, runs, stats
 from pettingllms_verl.eval.results import binomial_se
+from pettingllms_verl.rollout import faults
 from pettingllms_verl.files import write_whole
 
 METHODS = {  # name -> (recipe, what the tables call it)
@@ -197,8 +198,9 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     with open(log_path, "a") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if code != 0:
-        tail = "".join(open(log_path, errors="replace").readlines()[-15:])
-        raise TrainingFailed(f"training {label} failed (exit {code}); its log: {log_path}\n{tail}")
+        why = evaluate.why_it_stopped(log_path)
+        stop = next((line for line in why.splitlines() if faults.STOPPED in line), None)  # a fault stop: its reason in the table
+        raise TrainingFailed(f"training {label} failed (exit {code}){': ' + stop if stop else ''}; its log: {log_path}\n{why}")
     keep_curve(log_dir, label, steps)
     evaluate.say(f"[train {label}] done in {time.perf_counter() - started:.0f} s")
 
@@ -354,12 +356,13 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
-def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict, seed: int, split: str, source: str) -> dict:
+def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict, seed: int, split: str, source: str, problems: str) -> dict:
     """What a "before" evaluation depends on: the package's source (``source_hash``), each run's composed
     config as the evaluation plays it (flat keys, rollout seed and ``--set`` included), the problems
-    (split, count) and the warm starts of the evaluated methods (``warm``: method -> ``warm_start``)."""
+    (split, count, ``problems``: the sha256 of the split's tasks, ``check_splits``) and the warm starts
+    of the evaluated methods (``warm``: method -> ``warm_start``)."""
     labels = [spec.split("=", 1)[0] for spec in specs]
-    return {"source": source, "split": split, "episodes": args.episodes, "seed": seed,
+    return {"source": source, "split": split, "problems": problems, "episodes": args.episodes, "seed": seed,
             "configs": {label: flat_config(METHODS[label][0], eval_overrides(args, seed), Path(args.recipes)) for label in labels},
             "warm": {label: warm[label] for label in labels}}
 
@@ -369,6 +372,8 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
     reasons = []
     if saved.get("source") != now["source"]:
         reasons.append(f"the package's source changed (sha256 {str(saved.get('source'))[:12]} -> {now['source'][:12]})")
+    if saved.get("problems") != now["problems"]:
+        reasons.append(f"the {now['split']} split holds other problems (sha256 {str(saved.get('problems'))[:12]} -> {now['problems'][:12]})")
     for key in ("split", "episodes", "seed"):
         if saved.get(key) != now[key]:
             reasons.append(f"{key}: {json.dumps(saved.get(key))} -> {json.dumps(now[key])}")
@@ -388,6 +393,9 @@ def earlier_before(folder: Path, fp: dict) -> dict | None:
     try:
         saved = json.loads((folder / "fingerprint.json").read_text())
     except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict):
+        evaluate.say(f"[before] {folder} evaluated again: its fingerprint.json is not a record")
         return None
     reasons = fingerprint_changes(saved, fp)
     if reasons:
@@ -483,8 +491,12 @@ def comparisons(table: list[dict]) -> list[dict]:
         for split in sorted(rows[a]["splits"].keys() & rows[b]["splits"].keys(), key=split_order):
             x, y = rows[a]["splits"][split], rows[b]["splits"][split]
             if x["after_per_seed"] and y["after_per_seed"]:
-                found.append({"split": split, "a": rows[a]["name"], "b": rows[b]["name"],
-                              "seeds": stats.seed_difference(list(x["after_per_seed"].values()), list(y["after_per_seed"].values())),
+                if a[0] == b[0]:  # the same runs, swapped and not: paired by seed
+                    seeds = sorted(x["after_per_seed"].keys() & y["after_per_seed"].keys())
+                    over_seeds = stats.seed_difference([x["after_per_seed"][s] for s in seeds], [y["after_per_seed"][s] for s in seeds], paired=True)
+                else:
+                    over_seeds = stats.seed_difference(list(x["after_per_seed"].values()), list(y["after_per_seed"].values()))
+                found.append({"split": split, "a": rows[a]["name"], "b": rows[b]["name"], "seeds": over_seeds,
                               "paired": stats.paired_problems(x["outcomes"], y["outcomes"])})
     return found
 
@@ -508,7 +520,7 @@ def _interval_text(interval: dict | None, values: list[float]) -> str:
 def _p_text(p: float | None) -> str:
     if p is None:
         return ""
-    return f", p < {1 / stats.BOOTSTRAP_RESAMPLES:g}" if p == 0 else f", p = {p:.3f}"
+    return f", p < {2 / stats.BOOTSTRAP_RESAMPLES:g}" if p == 0 else f", p = {p:.3f}"  # a bootstrap p below 2/B reads 0
 
 
 def _gain_text(gain: dict | None) -> str:
@@ -524,7 +536,7 @@ def markdown(table: list[dict], meta: dict) -> str:
     lines = [
         "# Reproduction: Plan-Path 4x4 in one turn (routes of 2-3 moves), models warm-started on noisy demonstrations",
         "",
-        f"Test success (share of {meta['episodes']} problems solved, sampled at T = 1) before training (the warm start, "
+        f"Test success (share of {meta['episodes'] or '-'} problems solved, sampled at T = 1) before training (the warm start, "
         f"evaluated once per training seed with that seed's sampling) and after {meta['steps']} steps (each run's best step on "
         f"val), training seeds {', '.join(map(str, seeds))}. Before and after: the mean over seeds with its {level} t interval "
         "from the variance between runs (seeds - 1 degrees of freedom). Gain over seeds: after - before, Welch's t over the "
@@ -614,7 +626,9 @@ def check_splits(args: argparse.Namespace) -> dict[str, str]:
     """split -> sha256 of its problems, for the splits asked for; a missing split names the command
     that writes it, and a confirmation split that shares problems with train, val or test is refused."""
     cfg = runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes))
-    files = {split: runs.split_file(cfg, split) for split in ("train", "val", *args.splits)}
+    # the confirmation split is checked against every other split, test too where it is not evaluated
+    checked = ("train", "val", "test", *args.splits) if "confirm" in args.splits else ("train", "val", *args.splits)
+    files = {split: runs.split_file(cfg, split) for split in dict.fromkeys(checked)}
     tasks = {split: [task_key(json.loads(info["task_json"])) for info in pd.read_parquet(path, columns=["extra_info"])["extra_info"]]
              for split, path in files.items()}
     if "confirm" in tasks:
@@ -651,9 +665,10 @@ def main(argv: list[str] | None = None) -> int:
         for split in args.splits:
             for seed in args.seeds:
                 folder = out / "before" / split / f"s{seed}"
-                fp = fingerprint(before_specs, args, warm, seed, split, source)
+                fp = fingerprint(before_specs, args, warm, seed, split, source, split_sha256[split])
                 found = earlier_before(folder, fp)
                 if found is None:
+                    (folder / "fingerprint.json").unlink(missing_ok=True)  # written again once the evaluation is whole
                     found = evaluate_runs(before_specs, args, folder, seed, split, swap=False)
                     write_whole(folder / "fingerprint.json", json.dumps(fp))
                 before.setdefault(split, {})[seed] = found

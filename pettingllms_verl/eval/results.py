@@ -127,10 +127,10 @@ def markdown(rows: list[dict], split: str) -> str:
         for row in env_rows:
             method = row["method"] + (" swapped" if row["swapped"] else "")
             weights = f"step {row['step']}" if row["step"] is not None else "base"
-            faults = row.get("faults") or {}
+            faults = row.get("faults")  # absent: a table written before faults were counted
             marked = " (faults)" if faults else ""
-            cells = [method, row["label"], weights, str(row["episodes"]), f"{row['success']:.3f} ± {row['success_se']:.3f}{marked}",
-                     ", ".join(f"{cause} {n}" for cause, n in sorted(faults.items())) or "none"]
+            counts = "-" if faults is None else ", ".join(f"{cause} {n}" for cause, n in sorted(faults.items())) or "none"
+            cells = [method, row["label"], weights, str(row["episodes"]), f"{row['success']:.3f} ± {row['success_se']:.3f}{marked}", counts]
             cells += [f"{row['roles'][r]['reward_mean']:.3f}" if r in row["roles"] else "-" for r in roles]
             cells += [f"{row['roles'][r]['parse_failure_rate']:.2f}" if r in row["roles"] else "-" for r in roles]
             out.append("| " + " | ".join(cells) + " |")

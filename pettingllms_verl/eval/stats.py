@@ -41,22 +41,28 @@ def seed_interval(values: Sequence[float], level: float = LEVEL) -> dict | None:
     return {"mean": mean, "sd": sd, "se": se, "df": df, "low": mean - half, "high": mean + half, "level": level, "runs": len(x)}
 
 
-def seed_difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> dict | None:
-    """mean(a) - mean(b) of two independent sets of runs: Welch's t (no equal variances assumed), its
-    interval and two-sided p; None unless each side has two runs or more.
+def seed_difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL, paired: bool = False) -> dict | None:
+    """mean(a) - mean(b) over training runs, its interval and two-sided p: Welch's t for two independent
+    sets of runs (no equal variances assumed); with ``paired``, a paired t for two figures of the same
+    runs (e.g. a run's policies as trained and swapped). None unless each side has two runs or more.
 
     Args:
-        a, b: (runs,) one figure per run of each side (their counts may differ).
+        a, b: (runs,) one figure per run of each side (their counts may differ, unless ``paired``:
+            then ``a[i]`` and ``b[i]`` are of the same run).
     """
     if len(a) < 2 or len(b) < 2:
         return None
+    if paired and len(a) != len(b):
+        raise ValueError(f"paired runs: {len(a)} against {len(b)} figures")
     a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     diff = float(a_.mean() - b_.mean())
     if np.ptp(a_) == 0 and np.ptp(b_) == 0:  # no spread on either side: t is undefined, the difference exact
         return {"diff": diff, "se": 0.0, "df": None, "low": diff, "high": diff, "t": None, "p": None, "level": level, "runs": (len(a_), len(b_))}
-    test = stats.ttest_ind(a_, b_, equal_var=False)
+    if paired and np.ptp(a_ - b_) == 0:  # every run moved alike: the difference is exact
+        return {"diff": diff, "se": 0.0, "df": None, "low": diff, "high": diff, "t": None, "p": None, "level": level, "runs": (len(a_), len(b_))}
+    test = stats.ttest_rel(a_, b_) if paired else stats.ttest_ind(a_, b_, equal_var=False)
     interval = test.confidence_interval(confidence_level=level)
-    se = math.sqrt(a_.var(ddof=1) / len(a_) + b_.var(ddof=1) / len(b_))
+    se = float((a_ - b_).std(ddof=1) / math.sqrt(len(a_))) if paired else math.sqrt(a_.var(ddof=1) / len(a_) + b_.var(ddof=1) / len(b_))
     return {"diff": diff, "se": se, "df": float(test.df), "low": float(interval.low), "high": float(interval.high),
             "t": float(test.statistic), "p": float(test.pvalue), "level": level, "runs": (len(a_), len(b_))}
 
@@ -66,13 +72,13 @@ def paired_problems(a: Mapping[str, Sequence[bool]], b: Mapping[str, Sequence[bo
     """a - b over the test problems both played, paired by problem: each problem's success rate (over
     its episodes, e.g. one per seed) under a minus under b, averaged over problems, with a percentile
     bootstrap interval over problems and the share of bootstrap means on the other side of zero
-    (``p``: two-sided). None when no problem is shared.
+    (``p``: two-sided). None when fewer than two problems are shared.
 
     Args:
         a, b: problem id -> the successes of its episodes under each side.
     """
     shared = sorted(a.keys() & b.keys())
-    if not shared:
+    if len(shared) < 2:
         return None
     d = np.array([np.mean(a[p]) - np.mean(b[p]) for p in shared], dtype=float)
     diff = float(d.mean())
