@@ -23,7 +23,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install model real-model real-warm-start reproduce-real reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean
+.PHONY: help run install model real-model real-warm-start reproduce-real reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -32,11 +32,17 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # The index is used only where it answers: unreachable, pip retries it 5 times for torch and for each
 # of its dependencies (minutes of back-off on an offline CI machine that has the wheel locally).
 TORCH_INDEX_REACHABLE = $(if $(TORCH_INDEX),$(shell $(PYTHON) -c "import urllib.request; urllib.request.urlopen('$(TORCH_INDEX)/torch/', timeout=5)" >/dev/null 2>&1 && echo yes))
-$(VENV)/.installed: pyproject.toml constraints.txt
+# The index torch was installed from: make install TORCH_INDEX=<another> on an existing .venv (a CPU one,
+# say, after make quickstart) rewrites it, and the install below then replaces torch with that index's build.
+TORCH_STAMP := $(VENV)/.torch_index
+$(TORCH_STAMP): FORCE
+	@mkdir -p $(VENV); test "$$(cat $@ 2>/dev/null)" = "$(TORCH_INDEX)" || echo "$(TORCH_INDEX)" > $@
+FORCE:
+$(VENV)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH_INDEX_REACHABLE),,$(if $(TORCH_INDEX),@echo "note: $(TORCH_INDEX) does not answer; installing torch==2.13.0 from the configured indexes only"))
-	$(PY) -m pip install -q -c constraints.txt torch $(if $(TORCH_INDEX_REACHABLE),--extra-index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q -c constraints.txt torch $(if $(TORCH_INDEX_REACHABLE),--extra-index-url $(TORCH_INDEX)) $(if $(filter $(TORCH_STAMP),$?),--force-reinstall)
 	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	touch $@
 
@@ -189,8 +195,10 @@ test-vllm: $(VENV_VLLM)/.installed  ## the vLLM tier alone (tests/vllm_tier, in 
 test-fast: $(VENV)/.installed real-model  ## the tests not marked slow (the edit loop)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
 
-# The CUDA variants of the engine, server and quickstart tests (they skip where no GPU is visible).
-test-gpu: $(VENV)/.installed  ## the CUDA tests (skipped where no GPU is visible)
+# The CUDA variants of the engine, server and quickstart tests. Asked for by name, they fail where torch
+# sees no CUDA device (rather than pass by skipping every test).
+test-gpu: $(VENV)/.installed  ## the CUDA tests (fails where torch sees no CUDA device)
+	@$(PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit(f'make test-gpu: torch {torch.__version__} sees no CUDA device (CUDA build: {torch.version.cuda}); on a GPU machine install a CUDA build: make install TORCH_INDEX=https://download.pytorch.org/whl/cu128')"
 	$(PY) -m pytest -q -m gpu
 
 bench: $(VENV)/.installed  ## every benchmarks/bench_*.py (tables and JSON; not tests)

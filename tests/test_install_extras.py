@@ -63,3 +63,39 @@ def test_pip_resolves_the_gpu_extra(tmp_path):
     for name in ("vllm", "torch", "transformers"):
         assert pins[name].specifier.contains(versions[name]), (name, versions[name], str(pins[name]))
     assert versions["pettingllms-verl"] and versions["verl"].startswith("0.9.")
+
+
+def test_make_test_gpu_fails_where_torch_sees_no_cuda_device_rather_than_skipping_every_test():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here: make test-gpu would run the GPU tests")
+    # -o: the installed environment is taken as it is (this interpreter's), never reinstalled by the test
+    result = subprocess.run(["make", "-o", str(REPO / ".venv" / ".installed"), "test-gpu", f"PY={sys.executable}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert f"make test-gpu: torch {torch.__version__} sees no CUDA device" in result.stderr
+    assert "make install TORCH_INDEX=https://download.pytorch.org/whl/cu128" in result.stderr
+    assert "passed" not in result.stdout  # no pytest ran
+
+
+def test_make_install_with_another_torch_index_replaces_torch_and_with_the_same_one_does_nothing(tmp_path):
+    """A stand-in interpreter records what make asks of pip."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text('#!/bin/sh\necho "PY $@"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    cpu, cuda = "https://download.pytorch.org/whl/cpu", "https://download.pytorch.org/whl/cu128"
+
+    def install(index: str) -> list[str]:
+        result = subprocess.run(["make", "install", f"VENV={venv}", f"TORCH_INDEX={index}", "TORCH_INDEX_REACHABLE=yes"],
+                                cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return [line for line in result.stdout.splitlines() if line.startswith("PY ") and " torch" in line]
+
+    (torch_line,) = install(cpu)  # a new environment
+    assert f"--extra-index-url {cpu}" in torch_line
+    assert install(cpu) == []  # installed from that index already: nothing to do
+    (torch_line,) = install(cuda)  # another index on the same environment: torch replaced from it
+    assert f"--extra-index-url {cuda}" in torch_line and torch_line.endswith("--force-reinstall")
+    assert install(cuda) == []
