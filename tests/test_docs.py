@@ -1,7 +1,9 @@
 """The documentation: the site builds in strict mode (a dead link or a page missing from the
 navigation fails), the configuration reference is the one the schema generates, every key of the
-schema has its help, and every command the README shows names things that exist."""
+schema has its help, and every command the README and the pages under docs/ show names things that
+exist: make targets, modules and their flags, scripts, recipes and their Hydra keys."""
 
+import functools
 import re
 import shlex
 import subprocess
@@ -12,6 +14,7 @@ import pytest
 
 from pettingllms_verl import config_reference
 from pettingllms_verl.config import PettingLLMsConfig
+from pettingllms_verl.eval import runs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,9 +40,12 @@ def test_every_key_has_its_help():
             "pettingllms.policies.<policy>.adapter.rank"} <= {key for key, *_ in rows}
 
 
-def readme_commands() -> list[tuple[int, str]]:
-    """(line, command) of every command in the README's ``bash`` blocks (comments and continuations joined)."""
-    text = (REPO / "README.md").read_text()
+PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
+
+
+def page_commands(page: str) -> list[tuple[int, str]]:
+    """(line, command) of every command in a page's ``bash`` blocks (comments and continuations joined)."""
+    text = (REPO / page).read_text()
     commands = []
     for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
         first_line = text.count("\n", 0, block.start()) + 2
@@ -57,15 +63,24 @@ def readme_commands() -> list[tuple[int, str]]:
     return commands
 
 
-def test_the_readme_shows_commands():
-    assert len(readme_commands()) >= 3
+COMMANDS = [(page, line, command) for page in PAGES for line, command in page_commands(page)]
 
 
-@pytest.mark.parametrize("line, command", readme_commands(), ids=lambda value: str(value)[:40])
-def test_every_readme_command_names_what_exists(line, command):
-    """Each command's make target, module, script and recipe exist (the quickstart itself runs in
-    tests/test_quickstart_e2e.py): a renamed target or recipe fails here with the README's line."""
-    where = f"README.md:{line}: {command}"
+def test_the_readme_and_the_pages_show_commands():
+    assert len(page_commands("README.md")) >= 3 and len(COMMANDS) >= 20
+
+
+@functools.cache
+def help_text(module: str) -> str:
+    return subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO, timeout=120).stdout
+
+
+@pytest.mark.parametrize("page, line, command", COMMANDS, ids=lambda value: str(value)[:40])
+def test_every_command_on_every_page_names_what_exists(page, line, command):
+    """Each command's make target, module (and its flags), script, recipe and Hydra keys exist (the
+    quickstart itself runs in tests/test_quickstart_e2e.py): a renamed target, flag, recipe or key
+    fails here with the page and line."""
+    where = f"{page}:{line}: {command}"
     words = shlex.split(command)
     while words and "=" in words[0] and not words[0].startswith("-"):  # VAR=value prefixes
         words = words[1:]
@@ -75,13 +90,39 @@ def test_every_readme_command_names_what_exists(line, command):
         targets = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
         result = subprocess.run(["make", "-n", *targets], cwd=REPO, capture_output=True, text=True)
         assert "No rule to make target" not in result.stderr, f"{where}: {result.stderr.strip()}"
+    module = words[words.index("-m") + 1] if "-m" in words[:-1] else {"pettingllms-eval": "pettingllms_verl.eval"}.get(words[0])
+    if module is not None:
+        found = subprocess.run([sys.executable, "-c", f"import importlib.util as u; print(u.find_spec({module!r}) is not None)"],
+                               capture_output=True, text=True, cwd=REPO)
+        assert found.stdout.strip() == "True", f"{where}: no module {module}"
+        if module.startswith("pettingllms_verl"):  # its flags, as its --help lists them
+            flags = {w.split("=", 1)[0] for w in words if w.startswith("--")}
+            missing = sorted(flag for flag in flags if flag not in help_text(module))
+            assert not missing, f"{where}: {module} has no {', '.join(missing)}"
     for index, word in enumerate(words):
-        if word == "-m" and index + 1 < len(words):
-            module = words[index + 1]
-            found = subprocess.run([sys.executable, "-c", f"import importlib.util as u; print(u.find_spec({module!r}) is not None)"],
-                                   capture_output=True, text=True, cwd=REPO)
-            assert found.stdout.strip() == "True", f"{where}: no module {module}"
         if word == "--config-name" and index + 1 < len(words):
-            assert (REPO / "recipes" / f"{words[index + 1]}.yaml").is_file(), f"{where}: no recipe {words[index + 1]}"
+            recipe = words[index + 1]
+            assert (REPO / "recipes" / f"{recipe}.yaml").is_file(), f"{where}: no recipe {recipe}"
+            overrides = [w for w in words[index + 2:] if "=" in w and not w.startswith("-") and "$" not in w]
+            try:
+                runs.compose(recipe, overrides, REPO / "recipes")  # an unknown key or a bad value fails here
+            except runs.EvalError as error:
+                raise AssertionError(f"{where}: {error}") from None
         if word.endswith((".py", ".sh")) and "/" in word and not word.startswith(("$", "<")):
             assert (REPO / word).is_file(), f"{where}: no file {word}"
+
+
+def test_the_sample_pettingllms_section_passes_the_checks_as_printed():
+    """docs/recipes.md's annotated ``pettingllms:`` section, on the environment it is written for."""
+    import yaml
+
+    from pettingllms_verl import envs
+    from pettingllms_verl.config import load
+
+    text = (REPO / "docs" / "recipes.md").read_text()
+    (sample,) = [block for block in re.findall(r"```yaml\n(.*?)```", text, re.S) if block.startswith("pettingllms:")]
+    settings = load(yaml.safe_load(sample)["pettingllms"])
+    env = envs.make("plan_path", **settings.env_kwargs)
+    env.reset(seed=0)
+    settings.check_roles("plan_path", env.roles, env.workflow(settings.workflow).turn_order)
+    assert settings.policy_of("plan") == "plan_policy" and settings.trainer.fault_budget == 0.5
