@@ -374,7 +374,7 @@ def _check_vllm(config: DictConfig, views: list[tuple[str | None, DictConfig]]) 
     key = _where(config, views[0][0], "rollout.name")
     if not _vllm_installed():
         raise ConfigError(key, "vllm is not installed here",
-                          "install vLLM (GPU machines: pip install vllm; CPU: make install-vllm), or set "
+                          "install vLLM (GPU machines: verl's pinned extra, pip install -e \".[vllm]\" in a fresh environment; CPU: make install-vllm), or set "
                           "actor_rollout_ref.rollout.name=hf")
     found = _vllm_distribution()
     if found is None:

@@ -107,7 +107,7 @@ class PlanPathEnv(ToolPlanEnv):
         "wall_density": "fraction of wall cells of generated tasks (default 0.22)",
         "min_optimal_len": "shortest path length a generated task must have at least",
         "max_optimal_len": "shortest path length a generated task may have at most",
-        "max_moves": "moves allowed in an episode (default 4 x cells)",
+        "max_moves": "moves read from one reply, the rest ignored (default 4 x cells)",
     }
 
     def reset(self, seed: int, task: dict | None = None) -> None:
