@@ -4,6 +4,7 @@ driver's arguments, resume bookkeeping and its table."""
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -182,59 +183,86 @@ def test_finished_steps_reads_verls_last_file(tmp_path):
     assert reproduce.finished_steps(tmp_path) == 30
 
 
-def test_a_finished_run_is_kept_and_one_trained_further_or_from_another_warm_start_is_refused(tmp_path, monkeypatch, capsys):
+def saved_run(out: Path, label: str, steps: int, **records) -> Path:
+    """A finished run's checkpoint folder: the tracker of ``steps`` and the given records (name -> value)."""
+    run_dir = out / "checkpoints" / label
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "latest_checkpointed_iteration.txt").write_text(str(steps))
+    for name, value in records.items():
+        (run_dir / f"{name}.json").write_text(json.dumps(value))
+    return run_dir
+
+
+def stand_in_main_ppo(monkeypatch, launched: list):
+    """main_ppo replaced: records the run it was asked for and saves its last step."""
+    def main_ppo(command, **kwargs):
+        launched.append(next(a for a in command if a.startswith("trainer.experiment_name=")).split("=repro_")[1])
+        checkpoints = Path(next(a for a in command if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
+        steps = next(a for a in command if a.startswith("trainer.total_training_steps=")).split("=")[1]
+        (checkpoints / "latest_checkpointed_iteration.txt").write_text(steps)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(reproduce.subprocess, "run", main_ppo)
+
+
+def test_a_finished_run_is_kept_only_as_it_was_made_else_trained_again_with_the_reason_and_the_old_one_kept_aside(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
     model = tmp_path / "artifacts" / "tiny_model_plan_path_team"
     model.mkdir(parents=True)
     (model / "warm_start.json").write_text('{"demonstrations_sha256": "a"}')
     args = reproduce.parse_args(["--out", str(tmp_path / "out")])
-    run_dir = tmp_path / "out" / "checkpoints" / "mas_s0"
-    run_dir.mkdir(parents=True)
-    (run_dir / "latest_checkpointed_iteration.txt").write_text("60")
-    with pytest.raises(reproduce.ReproduceError, match="mas_s0 was trained from another warm start"):
-        reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args, "mas"))  # a run from before warm starts were recorded
-    (run_dir / "warm_start.json").write_text(json.dumps(reproduce.warm_start(args, "mas")))
-    reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args, "mas"))  # nothing to do: no main_ppo started
-    assert "finished earlier" in capsys.readouterr().out
+    out, launched = tmp_path / "out", []
+    stand_in_main_ppo(monkeypatch, launched)
+    warm = lambda: reproduce.warm_start(args, "mas")  # noqa: E731  (read again: the model may change)
+    made_alike = {"warm_start": warm(), "settings": reproduce.training_settings("mas", args), "source": reproduce.source_hash()}
+    run_dir = saved_run(out, "mas_s0", 60, **made_alike)
+    reproduce.train("mas", 0, 60, args, out, warm())  # nothing to do: no main_ppo started
+    assert "finished earlier" in capsys.readouterr().out and launched == []
     with pytest.raises(reproduce.ReproduceError, match="more than --steps 30"):
-        reproduce.train("mas", 0, 30, args, tmp_path / "out", reproduce.warm_start(args, "mas"))
+        reproduce.train("mas", 0, 30, args, out, warm())
     (model / "warm_start.json").write_text('{"demonstrations_sha256": "b"}')  # the demonstrations changed
-    with pytest.raises(reproduce.ReproduceError, match="another warm start"):
-        reproduce.train("mas", 0, 60, args, tmp_path / "out", reproduce.warm_start(args, "mas"))
+    reproduce.train("mas", 0, 60, args, out, warm())
+    said = capsys.readouterr().out
+    assert "[train mas_s0] trained again from the start: it was trained from another warm start than it has now" in said
+    assert launched == ["mas_s0"] and (out / "checkpoints" / "mas_s0.replaced" / "latest_checkpointed_iteration.txt").is_file()
+    assert json.loads((run_dir / "warm_start.json").read_text()) == warm()  # the new run records what made it
+    launched.clear()
+    (run_dir / "source.json").write_text(json.dumps("0" * 64))  # as if trained by other code
+    reproduce.train("mas", 0, 60, args, out, warm())
+    assert f"the package's source changed (sha256 000000000000 -> {reproduce.source_hash()[:12]})" in capsys.readouterr().out
+    assert launched == ["mas_s0"]
+    launched.clear()
+    (run_dir / "source.json").unlink()  # a run saved before runs recorded their code: it cannot say, so it is not kept
+    reproduce.train("mas", 0, 60, args, out, warm())
+    assert "it does not record its source (source.json)" in capsys.readouterr().out and launched == ["mas_s0"]
 
 
-def test_a_run_saved_with_other_training_settings_is_refused_before_anything_runs_but_how_it_validates_may_change(tmp_path, monkeypatch, capsys):
+def test_a_run_saved_with_other_training_settings_is_trained_again_and_said_before_anything_runs_but_how_it_validates_may_change(
+        tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
-    out = tmp_path / "out"
+    out, launched = tmp_path / "out", []
+    stand_in_main_ppo(monkeypatch, launched)
     args = lambda *sets: reproduce.parse_args(["--methods", "mas", "--seeds", "0", "--out", str(out), *(f"--set={s}" for s in sets)])  # noqa: E731
-    run_dir = out / "checkpoints" / "mas_s0"
-    run_dir.mkdir(parents=True)
-    (run_dir / "latest_checkpointed_iteration.txt").write_text("40")
-    (run_dir / "warm_start.json").write_text(json.dumps(reproduce.warm_start(args(), "mas")))
-    reproduce.train("mas", 0, 40, args(), out, reproduce.warm_start(args(), "mas"))  # kept; saved before settings were recorded
-    assert "not checked; the current ones recorded" in capsys.readouterr().out
     saved = reproduce.training_settings("mas", args())
-    assert json.loads((run_dir / "settings.json").read_text()) == saved
+    run_dir = saved_run(out, "mas_s0", 40, warm_start=reproduce.warm_start(args(), "mas"), settings=saved, source=reproduce.source_hash())
     lr, batch = saved["actor_rollout_ref.actor.optim.lr"], saved["data.train_batch_size"]
     changed = args(f"actor_rollout_ref.actor.optim.lr={lr * 5}", f"data.train_batch_size={batch * 2}")
-    refusal = (rf"trained with other settings .* \(saved -> now\): actor_rollout_ref.actor.optim.lr: {lr} -> {lr * 5}; "
-               rf"data.train_batch_size: {batch} -> {batch * 2}\. Set them back")
-    with pytest.raises(reproduce.ReproduceError, match=refusal):
-        reproduce.train("mas", 0, 40, changed, out, reproduce.warm_start(changed, "mas"))
+    reason = (f"it was trained with other settings than its recipe and --set give now (saved -> now): actor_rollout_ref.actor.optim.lr: "
+              f"{lr} -> {lr * 5}; data.train_batch_size: {batch} -> {batch * 2}")
+    assert reproduce.stale(run_dir, reproduce.warm_start(changed, "mas"), reproduce.training_settings("mas", changed), reproduce.source_hash()) == [reason]
 
-    def no_evaluation(*a, **k):
-        raise AssertionError("the refusal must come before the evaluation")
-
-    monkeypatch.setattr(reproduce, "evaluate_runs", no_evaluation)
+    # said first, before anything runs (here the run then stops at its missing data)
     assert reproduce.main(["--methods", "mas", "--seeds", "0", "--out", str(out), f"--set=data.train_batch_size={batch * 2}"]) == 1
-    assert "data.train_batch_size" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert "[train mas_s0] saved, but will be trained again: it was trained with other settings" in said.out
+    assert "train.parquet does not exist" in said.err and launched == []
     later = args("data.val_batch_size=8", "trainer.test_freq=20", "trainer.save_freq=10", "data.seed=3",
                  "actor_rollout_ref.rollout.val_kwargs.temperature=0.5")  # how it validates and saves; the seed is the command's
     reproduce.train("mas", 0, 40, later, out, reproduce.warm_start(later, "mas"))
+    assert launched == [] and "finished earlier" in capsys.readouterr().out  # kept
     assert reproduce.changed_keys({"a": 1, "b": True, "c": [1]}, {"a": 1.0, "b": 1, "c": [1], "new": 0}) == ["a: 1 -> 1.0", "b: true -> 1"]
     (run_dir / "settings.json").write_text("{")  # cut short mid-write by hand
-    with pytest.raises(reproduce.ReproduceError, match="settings.json: unreadable"):
-        reproduce.train("mas", 0, 40, args(), out, reproduce.warm_start(args(), "mas"))
+    assert "its settings.json is unreadable" in reproduce.stale(run_dir, reproduce.warm_start(args(), "mas"), saved, reproduce.source_hash())[0]
 
 
 def test_a_resumed_run_keeps_its_whole_curve_once_though_verls_file_logger_starts_anew_at_each_launch(tmp_path, monkeypatch):
@@ -511,9 +539,11 @@ def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_
     run_dir.mkdir(parents=True)
     (run_dir / "latest_checkpointed_iteration.txt").write_text("40")
     (run_dir / "warm_start.json").write_text(json.dumps(warm))
-    reproduce.train("per_role", 0, 40, apart, tmp_path / "out", reproduce.warm_start(apart, "per_role"))  # kept
-    with pytest.raises(reproduce.ReproduceError, match=r"another warm start .*plan_policy .*tiny_model_plan_path_team"):
-        reproduce.train("per_role", 0, 40, together, tmp_path / "out", reproduce.warm_start(together, "per_role"))
+    (run_dir / "settings.json").write_text(json.dumps(reproduce.training_settings("per_role", apart)))
+    (run_dir / "source.json").write_text(json.dumps("src"))
+    assert reproduce.stale(run_dir, reproduce.warm_start(apart, "per_role"), reproduce.training_settings("per_role", apart), "src") == []  # kept
+    reasons = reproduce.stale(run_dir, reproduce.warm_start(together, "per_role"), reproduce.training_settings("per_role", together), "src")
+    assert any(re.search(r"another warm start .*plan_policy .*tiny_model_plan_path_team", reason) for reason in reasons)
 
 
 def test_the_real_model_is_not_in_the_default_methods_and_its_adapters_starts_are_part_of_its_warm_start(tmp_path, monkeypatch):

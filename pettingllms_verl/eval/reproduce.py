@@ -15,8 +15,9 @@ noisy demonstrations, and methods with the same steps, replies per step and opti
   (``plan_path_mas_lora_smollm2_repro_cpu``), also evaluated swapped.
 
 Each method trains once per seed through ``main_ppo`` (validating on the val split; a rerun resumes
-a run cut short and skips a finished one; it refuses one saved from another warm start or with other
-training settings), ``--jobs`` runs at once. ``pettingllms-eval`` then plays, on each held-out split
+a run cut short and skips a finished one, when it was made from the same warm start, with the same
+training settings and by the same code; otherwise it trains it again, saying why, the earlier run kept
+aside), ``--jobs`` runs at once. ``pettingllms-eval`` then plays, on each held-out split
 (``--splits``: the development test split and the confirmation split), each method's recipe at its
 warm start ("before", once per training seed, sampling with that seed; kept from an earlier invocation
 only when the package's source, the composed evaluation config, the problems and the warm start are
@@ -38,6 +39,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -134,49 +136,68 @@ def finished_steps(checkpoints: Path) -> int:
         return 0
 
 
-def check_saved(checkpoints: Path, steps: int, warm: dict, settings: dict) -> int:
-    """The steps a run's ``checkpoints`` hold (0 when none), refusing a run saved from another warm start
-    or with other settings (``training_settings``) than ``warm`` and ``settings``, or with more steps."""
-    done = finished_steps(checkpoints)
-    if not done:
-        return 0
-    saved = {}
-    for name in ("warm_start", "settings"):
+def stale(checkpoints: Path, warm: dict, settings: dict, source: str) -> list[str]:
+    """Why a run saved in ``checkpoints`` cannot be kept (empty: it can): it was trained from another
+    warm start than ``warm``, with other settings (``training_settings``) than ``settings``, or by
+    other code than ``source`` (``source_hash``), or it does not say (its records are missing or unreadable)."""
+    if not finished_steps(checkpoints):
+        return []
+    saved, reasons = {}, []
+    for name in ("warm_start", "settings", "source"):
         path = checkpoints / f"{name}.json"
         try:
-            saved[name] = json.loads(path.read_text()) if path.is_file() else None
+            saved[name] = json.loads(path.read_text())
+        except FileNotFoundError:
+            saved[name] = None
+            reasons.append(f"it does not record its {name.replace('_', ' ')} ({path.name})")
         except (OSError, ValueError) as error:
-            raise ReproduceError(f"{path}: unreadable ({error}); delete {checkpoints} to train that run again") from None
-    if saved["warm_start"] != warm:
+            saved[name] = None
+            reasons.append(f"its {path.name} is unreadable ({error})")
+    if saved["warm_start"] is not None and saved["warm_start"] != warm:
         models = ", ".join(f"{policy} {start['model']}" for policy, start in warm.items())
-        raise ReproduceError(f"{checkpoints} was trained from another warm start than it has now ({models}): "
-                             "delete that folder (or the whole --out) to train again, or use another --out")
-    changed = changed_keys(saved["settings"], settings) if saved["settings"] is not None else []
+        reasons.append(f"it was trained from another warm start than it has now ({models})")
+    changed = changed_keys(saved["settings"], settings) if isinstance(saved["settings"], dict) else []
     if changed:
         more = f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
-        raise ReproduceError(f"{checkpoints} was trained with other settings than its recipe and --set give now (saved -> now): "
-                             f"{'; '.join(changed[:5])}{more}. Set them back (the recipe, or --set KEY=VALUE), "
-                             "delete that folder to train again, or use another --out")
-    if done > steps:
+        reasons.append(f"it was trained with other settings than its recipe and --set give now (saved -> now): {'; '.join(changed[:5])}{more}")
+    if saved["source"] is not None and saved["source"] != source:
+        reasons.append(f"the package's source changed (sha256 {str(saved['source'])[:12]} -> {source[:12]})")
+    return reasons
+
+
+def check_saved(checkpoints: Path, steps: int, warm: dict, settings: dict, source: str) -> int:
+    """The steps of a run's ``checkpoints`` that can be kept: 0 when none, or when ``stale`` finds a
+    reason to train it again; refuses a run with more steps than asked for."""
+    done = finished_steps(checkpoints)
+    if done > steps and not stale(checkpoints, warm, settings, source):
         raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
-    return done
+    return 0 if stale(checkpoints, warm, settings, source) else done
 
 
 def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path, warm: dict, settings: dict | None = None) -> None:
     """One training run through ``main_ppo`` from ``warm`` (``warm_start(args, method)``) with ``settings``
-    (``training_settings(method, args)``, composed here when None); resumes from its last checkpoint, skips
-    when finished; ``check_saved`` says what it refuses."""
+    (``training_settings(method, args)``, composed here when None) and this package's code; resumes from
+    its last checkpoint, skips when finished. A saved run that ``stale`` finds made otherwise is trained
+    again from the start, the earlier one moved to ``checkpoints/<run>.replaced`` (its curve beside it)."""
     label = run_label(method, seed)
     checkpoints = out / "checkpoints" / label
     settings = training_settings(method, args) if settings is None else settings
-    done = check_saved(checkpoints, steps, warm, settings)
-    if done and not (checkpoints / "settings.json").is_file():
-        evaluate.say(f"[train {label}] saved before runs recorded their settings: not checked; the current ones recorded")
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    for name, record in (("warm_start", warm), ("settings", settings)):  # a kill mid-write leaves the old file
-        write_whole(checkpoints / f"{name}.json", json.dumps(record))
+    source = source_hash()
     log_dir = out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    reasons = stale(checkpoints, warm, settings, source)
+    if reasons:
+        replaced = checkpoints.with_name(f"{label}.replaced")
+        shutil.rmtree(replaced, ignore_errors=True)
+        checkpoints.rename(replaced)
+        curve = log_dir / f"{label}.jsonl"
+        if curve.is_file():
+            curve.rename(replaced / "curve.jsonl")
+        evaluate.say(f"[train {label}] trained again from the start: {'; '.join(reasons)}. The earlier run: {replaced}")
+    done = check_saved(checkpoints, steps, warm, settings, source)
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    for name, record in (("warm_start", warm), ("settings", settings), ("source", source)):  # a kill mid-write leaves the old file
+        write_whole(checkpoints / f"{name}.json", json.dumps(record))
     keep_curve(log_dir, label, done)
     if done == steps:
         evaluate.say(f"[train {label}] finished earlier ({done} steps): kept")
@@ -652,15 +673,19 @@ def main(argv: list[str] | None = None) -> int:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
         warm = {method: warm_start(args, method) for method in args.methods}  # composes recipes: Hydra's global state is for one thread
         settings = {method: training_settings(method, args) for method in args.methods}
-        for method in args.methods:  # refused before the "before" evaluation, not an hour into it
+        source = source_hash()
+        for method in args.methods:  # said (or refused) before the "before" evaluation, not an hour into it
             for seed in args.seeds:
-                check_saved(out / "checkpoints" / run_label(method, seed), steps, warm[method], settings[method])
+                checkpoints = out / "checkpoints" / run_label(method, seed)
+                check_saved(checkpoints, steps, warm[method], settings[method], source)
+                reasons = stale(checkpoints, warm[method], settings[method], source)
+                if reasons:
+                    evaluate.say(f"[train {run_label(method, seed)}] saved, but will be trained again: {'; '.join(reasons)}")
         split_sha256 = check_splits(args)
         # each method's recipe at its warm start, once per distinct team (a model per role may start its roles apart: --set),
         # once per training seed (each its own draw) and split; kept from an earlier invocation only if made alike
         sources = before_sources(args.methods, warm)
         before_specs = [f"{name}={METHODS[name][0]}" for name in args.methods if sources[name] == name]
-        source = source_hash()
         before: dict[str, dict[int, dict]] = {}
         for split in args.splits:
             for seed in args.seeds:
