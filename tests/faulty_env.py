@@ -7,11 +7,13 @@ import time
 
 from pettingllms_verl.envs.plan_path.env import PlanPathEnv
 
+OVERRIDE = f"+pettingllms.envs.plan_path={os.path.abspath(__file__)}:FaultyPlanPath"  # a recipe's Plan-Path, played by this class
+
 
 class FaultyPlanPath(PlanPathEnv):
     options = {
         **PlanPathEnv.options,
-        "fail_seeds": "the episodes of these seeds raise at their first step",
+        "fail_seeds": "the episodes of these seeds raise at the plan role's first step (every role has acted by then)",
         "fail_once_exists": "every step raises once this path exists (a run's checkpoint tracker: from the step after it)",
         "hold_dir": "each prompt writes <dir>/started, then waits until <dir>/go exists (up to 10 minutes)",
     }
@@ -31,7 +33,7 @@ class FaultyPlanPath(PlanPathEnv):
         return super().observation(role)
 
     def step(self, role, text):
-        if self.episode_seed in (self.config.get("fail_seeds") or ()):
+        if role == "plan" and self.episode_seed in (self.config.get("fail_seeds") or ()):
             raise RuntimeError(f"the environment broke on seed {self.episode_seed}")
         cue = self.config.get("fail_once_exists")
         if cue and os.path.exists(cue):

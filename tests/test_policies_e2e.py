@@ -14,6 +14,7 @@ import torch
 from pettingllms_verl.eval.reproduce import finished_steps
 
 import launch
+from faulty_env import OVERRIDE as FAULTY
 from kill import kill_when
 from test_mas_e2e import RECIPES, dumped_rows, run_recipe
 
@@ -211,16 +212,21 @@ def test_tictactoe_one_learner_per_player_with_a_frozen_opponent(artifacts):
 def test_eval_command_plays_the_chosen_checkpoint_as_trained_and_swapped_and_a_single_agent(l2_run, artifacts):
     """``pettingllms-eval``: the L2 run's checkpoint chosen on the val split, played on the test split
     as trained and swapped (each role served by the other's policy), beside the SA recipe's base
-    model; tables, episode logs and game results written."""
+    model; tables, episode logs and game results written. One test problem's environment raises
+    (``faulty_env.py``): under the fault budget that costs its episode in each pass, which the run
+    completes and the table counts beside the success rate."""
     checkpoints = artifacts / "checkpoints" / "plan_path_mas_full_cpu"
     saved_val = json.load(open(checkpoints / "global_step_3" / "val_metrics.json"))
     assert saved_val["global_step"] == 3 and saved_val["val_files"][0].endswith("val.parquet")
     assert any(key.startswith("val-core/plan_path/") for key in saved_val["metrics"])
     assert not (checkpoints / "global_step_2" / "val_metrics.json").exists()  # validated at step 3 only
     out = artifacts / "eval"
+    import pandas as pd
+
+    faulty = next(int(info["seed"]) for info in pd.read_parquet(artifacts / "data" / "plan_path_6x6" / "test.parquet")["extra_info"][1:2])
     result = launch.run(
         [sys.executable, "-m", "pettingllms_verl.eval", f"l2=plan_path_mas_full_cpu@{checkpoints}", "sa=plan_path_sa_grpo_cpu",
-         "--episodes", "3", "--out", str(out), "--recipes", RECIPES],
+         "--episodes", "3", "--out", str(out), "--recipes", RECIPES, "--set", FAULTY, "--set", f"+pettingllms.env_kwargs.fail_seeds=[{faulty}]"],
         timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -229,6 +235,7 @@ def test_eval_command_plays_the_chosen_checkpoint_as_trained_and_swapped_and_a_s
     assert rows["l2", False]["step"] == 3 and rows["l2", True]["swap"] == ["plan_policy", "tool_policy"]
     assert rows["sa", False]["step"] is None and rows["sa", False]["method"] == "SA"
     assert set(rows["l2", False]["roles"]) == set(POLICY_OF) and all(row["episodes"] == 3 for row in rows.values())
+    assert all(row["faults"] == {"env_error": 1} for row in rows.values())  # one problem in three: under the budget, counted
     episodes = [json.loads(line) for line in open(out / "episodes.jsonl")]
     assert len(episodes) == 9 and all(e["seed"] >= 1_000_000_000 for e in episodes)  # the test split's seeds
     for episode in episodes:
@@ -243,4 +250,7 @@ def test_eval_command_plays_the_chosen_checkpoint_as_trained_and_swapped_and_a_s
     assert len(games) == 9 and {game["run"] for game in games} == {"l2", "sa"}
     table = (out / "results.md").read_text()
     assert "## plan_path" in table and "MAS (per-role policies, full models) swapped" in table and "| SA | sa | base |" in table
+    assert table.count("(faults) | env_error 1 |") == 3
+    (failed,) = [e for e in episodes if e["run"] == "sa" and e["end_cause"] == "env_error"]
+    assert failed["seed"] == faulty and f"RuntimeError: the environment broke on seed {faulty}" in failed["error"]
     assert "l2 (swapped plan_policy <-> tool_policy)" in (out / "summary.md").read_text()
