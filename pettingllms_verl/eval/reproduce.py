@@ -165,13 +165,13 @@ def stale(checkpoints: Path, warm: dict, settings: dict, source: str) -> list[st
     return reasons
 
 
-def check_saved(checkpoints: Path, steps: int, warm: dict, settings: dict, source: str) -> int:
-    """The steps of a run's ``checkpoints`` that can be kept: 0 when none, or when ``stale`` finds a
-    reason to train it again; refuses a run with more steps than asked for."""
-    done = finished_steps(checkpoints)
-    if done > steps and not stale(checkpoints, warm, settings, source):
+def check_saved(checkpoints: Path, steps: int, reasons: list[str]) -> int:
+    """The steps of a run's ``checkpoints`` that can be kept: 0 when none, or when there are
+    ``reasons`` (``stale``) to train it again; refuses a run with more steps than asked for."""
+    done = 0 if reasons else finished_steps(checkpoints)
+    if done > steps:
         raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
-    return 0 if stale(checkpoints, warm, settings, source) else done
+    return done
 
 
 def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Path, warm: dict, settings: dict | None = None) -> None:
@@ -186,6 +186,7 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     log_dir = out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     reasons = stale(checkpoints, warm, settings, source)
+    done = check_saved(checkpoints, steps, reasons)
     if reasons:
         replaced = checkpoints.with_name(f"{label}.replaced")
         shutil.rmtree(replaced, ignore_errors=True)
@@ -194,7 +195,6 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
         if curve.is_file():
             curve.rename(replaced / "curve.jsonl")
         evaluate.say(f"[train {label}] trained again from the start: {'; '.join(reasons)}. The earlier run: {replaced}")
-    done = check_saved(checkpoints, steps, warm, settings, source)
     checkpoints.mkdir(parents=True, exist_ok=True)
     for name, record in (("warm_start", warm), ("settings", settings), ("source", source)):  # a kill mid-write leaves the old file
         write_whole(checkpoints / f"{name}.json", json.dumps(record))
@@ -677,8 +677,8 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:  # said (or refused) before the "before" evaluation, not an hour into it
             for seed in args.seeds:
                 checkpoints = out / "checkpoints" / run_label(method, seed)
-                check_saved(checkpoints, steps, warm[method], settings[method], source)
                 reasons = stale(checkpoints, warm[method], settings[method], source)
+                check_saved(checkpoints, steps, reasons)
                 if reasons:
                     evaluate.say(f"[train {run_label(method, seed)}] saved, but will be trained again: {'; '.join(reasons)}")
         split_sha256 = check_splits(args)
