@@ -43,7 +43,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH_INDEX_REACHABLE),,$(if $(TORCH_INDEX),@echo "note: $(TORCH_INDEX) does not answer; installing torch==2.13.0 from the configured indexes only"))
 	$(PY) -m pip install -q -c constraints.txt torch $(if $(TORCH_INDEX_REACHABLE),--extra-index-url $(TORCH_INDEX)) $(if $(filter $(TORCH_STAMP),$?),--force-reinstall)
-	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,agents]"
 	touch $@
 
 install: $(VENV)/.installed  ## install into .venv (torch for CPU, the package, its pinned dependencies)

@@ -145,6 +145,25 @@ class TrainerConfig:
     fault_budget: float = key("largest share of a training step's (or a validation pass's) episodes that may end by a fault (engine_error, env_error) before the run stops; a dead engine stops it always", 0.5)
 
 
+@dataclass
+class ProgramConfig:
+    """``pettingllms.program``: a team written as a program that speaks the OpenAI API (docs/agent-programs.md).
+    Each of its calls names an agent in ``model``; the agents are the recipe's ``roles``."""
+
+    target: Optional[str] = key("the team program, 'module:function' or 'file.py:function' (sync or async): fn(task, client) -> reward; run in a process of its own per episode")
+    command: Optional[List[str]] = key("or a command (any language): reads OPENAI_BASE_URL, OPENAI_API_KEY and PETTINGLLMS_TASK from its environment, prints its reward as the last line")
+    reward: Optional[str] = key("optional 'module:function': fn(task=, transcript=, output=) -> reward, over the recorded calls (replaces what the program returns)")
+    success_at: float = key("an episode counts as solved when its team reward (or the mean of its agents' rewards) reaches this", 1.0)
+    time_limit_s: float = key("wall time a program run may take; past it its processes are killed and the episode is lost (program_timeout)", 300.0)
+    max_calls: int = key("most model calls one program run may make (all agents together); one more loses the episode (program_call_limit)", 64)
+    host: str = key("the interface the gateway listens on (loopback unless you need the program elsewhere)", "127.0.0.1")
+    max_request_bytes: int = key("largest request body the gateway accepts", 4 * 1024 * 1024)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.target or self.command)
+
+
 # keys that moved out of the top level of the section: old key -> its sub-section
 MOVED_KEYS = {
     "artifacts": "paths",
@@ -172,6 +191,7 @@ class PettingLLMsConfig:
     swap_policies: Optional[List[str]] = key("two policy names: validation also runs with each one's roles served by the other (metrics under swap/)")
     paths: PathsConfig = key("where models, data, checkpoints and logs go", factory=PathsConfig)
     trainer: TrainerConfig = key("knobs of the mas_sync trainer", factory=TrainerConfig)
+    program: ProgramConfig = key("a team program in place of the rows' environment (its agents: the roles)", factory=ProgramConfig)
 
     def role(self, name: str) -> RoleConfig:
         return self.roles.get(name) or RoleConfig()
@@ -242,6 +262,12 @@ class PettingLLMsConfig:
         mini_batches = self.trainer.mini_batches_per_step
         if mini_batches is not None and mini_batches < 1:
             raise SettingsError(f"{SECTION}.trainer.mini_batches_per_step: {mini_batches}; need at least 1 (or null)")
+        if self.program.target and self.program.command:
+            raise SettingsError(f"{SECTION}.program.command: a program is a target or a command, not both; drop one")
+        if self.program.enabled and not self.roles:
+            raise SettingsError(f"{SECTION}.roles: a program's agents are the roles its calls name in `model`; list them (e.g. {SECTION}.roles.planner.policy=...)")
+        if self.program.time_limit_s <= 0 or self.program.max_calls < 1:
+            raise SettingsError(f"{SECTION}.program.time_limit_s: {self.program.time_limit_s} s and max_calls {self.program.max_calls}; both must be positive")
         if not 0.0 <= self.trainer.fault_budget <= 1.0:
             raise SettingsError(f"{SECTION}.trainer.fault_budget: {self.trainer.fault_budget}; a share of episodes, in [0, 1]")
         table = self.policy_table()

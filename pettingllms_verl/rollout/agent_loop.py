@@ -3,7 +3,8 @@ training sample per (turn, role, branch), each with its own reward and group tag
 
 Rows come from ``pettingllms_verl.data.rows.task_row`` (the env name and task travel in
 ``extra_info``). The loop knows no environment: it builds it by name, renders its chat messages
-with the tokenizer's template, and hands replies back as text.
+with the tokenizer's template, and hands replies back as text. With ``pettingllms.program`` set,
+a team program plays the task instead, through the gateway (``agents/``): its agents are the roles.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from pettingllms_verl import envs
+from pettingllms_verl.agents.episode import Reply, play_program
+from pettingllms_verl.agents.gateway import ChatRequest, gateway
 from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
@@ -64,9 +67,9 @@ class EpisodeAgentLoop(AgentLoopBase):
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
-    def render(self, messages: list[dict[str, str]]) -> list[int]:
+    def render(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **self.apply_chat_template_kwargs
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **self.apply_chat_template_kwargs
         )
         if len(ids) > self.prompt_length:
             raise PromptTooLong(
@@ -93,20 +96,24 @@ class EpisodeAgentLoop(AgentLoopBase):
         validate = bool(kwargs.get(VALIDATE_KWARG, False))
         started_at = time.time()
         name, seed, task = row_task(kwargs["extra_info"])
-        env = envs.make(name, **self.settings.env_kwargs)
-        env.reset(seed=seed, task=task)
-        workflow = env.workflow(self.settings.workflow)
+        program = self.settings.program.enabled
+        if program:
+            env, turn_order = None, tuple(self.settings.roles)  # a program's agents
+        else:
+            env = envs.make(name, **self.settings.env_kwargs)
+            env.reset(seed=seed, task=task)
+            turn_order = env.workflow(self.settings.workflow).turn_order
 
         # One request id per episode: the load balancer keeps an episode's K branches and later
         # turns on one replica of each policy (its prefix cache), and the policy's router picks it.
         request_id = uuid.uuid4().hex
         swapped = validate and bool(kwargs.get(SWAPPED_KWARG, False))
-        policies = {role: self.settings.policy_of(role, swapped=swapped) for role in workflow.turn_order}
+        policies = {role: self.settings.policy_of(role, swapped=swapped) for role in turn_order}
         weight_versions: dict[str, set] = {role: set() for role in policies}  # global step of the weights behind each reply
         served_by: dict[str, set] = {role: set() for role in policies}  # the policy each server says it is
 
-        async def generate(role: str, prompt_ids: list[int], n: int):
-            params = self._sampling(sampling_params, role, validate)
+        async def generate(role: str, prompt_ids: list[int], n: int, params: dict | None = None):
+            params = params or self._sampling(sampling_params, role, validate)
             try:
                 outputs = await asyncio.gather(
                     *(
@@ -125,18 +132,23 @@ class EpisodeAgentLoop(AgentLoopBase):
                 served_by[role].add(out.extra_fields.get("policy"))
             return [(out.token_ids[: self.response_length], (out.log_probs or [])[: self.response_length]) for out in outputs]
 
-        episode = await run_episode(
-            env,
-            workflow.turn_order,
-            workflow.max_turns,
-            k=self.settings.branches(validate),
-            alpha=self.settings.alpha,
-            generate=generate,
-            render=self.render,
-            decode=self.decode,
-            snapshots=bool(self.settings.paths.episode_log_dir),
-            rewards=self.rewards,
-        )
+        if program:
+            problem = {"env": name, "seed": seed, "task": task}
+            episode = await self._play_program(problem, sampling_params, validate, generate)
+        else:
+            workflow = env.workflow(self.settings.workflow)
+            episode = await run_episode(
+                env,
+                workflow.turn_order,
+                workflow.max_turns,
+                k=self.settings.branches(validate),
+                alpha=self.settings.alpha,
+                generate=generate,
+                render=self.render,
+                decode=self.decode,
+                snapshots=bool(self.settings.paths.episode_log_dir),
+                rewards=self.rewards,
+            )
         # verl's staleness bookkeeping: which weight versions this episode sampled from (a frozen
         # policy's weights never change version, so they say nothing about staleness).
         table = self.settings.policy_table()
@@ -159,7 +171,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             served = {role: routing[role]["mas_served_by"] for role in routing}
             self._write_log(self.settings.paths.episode_log_dir, name, seed, task, validate, swapped, policies, served, episode, started_at)
         if not episode.samples:  # ended before its first reply: one untrained row carries the episode's end
-            episode.samples.append(self._placeholder(workflow.turn_order[0]))
+            episode.samples.append(self._placeholder(turn_order[0]))
         if validate:
             # Validation reports what evaluation means: episode success, one row per episode.
             final = episode.samples[-1]
@@ -175,6 +187,44 @@ class EpisodeAgentLoop(AgentLoopBase):
             # the episode's return (final team reward once + mean role reward; see episode_return).
             outputs[-1].reward_score = episode_return(samples, episode.final_global_reward, self.settings.alpha)
         return outputs
+
+    async def _play_program(self, problem: dict, sampling_params: dict[str, Any], validate: bool, generate) -> Episode:
+        """An episode of the recipe's team program (``agents/episode.py``): each call it makes
+        through the gateway is rendered with this policy's chat template, sampled by the role's
+        policy and answered as a chat completion (tool calls parsed by verl's tool parser)."""
+        config = self.settings.program
+        door = await gateway(config.host, config.max_request_bytes)
+
+        async def sample(request: ChatRequest, n: int, prompt_ids: list[int]) -> Reply:
+            params = {**self._sampling(sampling_params, request.agent, validate), **request.sampling}
+            params["max_tokens"] = min(int(params.get("max_tokens", self.response_length)), self.response_length)
+            ((ids, log_probs),) = await generate(request.agent, prompt_ids, 1, params)
+            ids = list(ids)
+            message: dict[str, Any] = {"role": "assistant", "content": self.decode(ids)}
+            finish = "length" if len(ids) >= params["max_tokens"] else "stop"
+            if request.tools:
+                content, calls = await self._tool_parser().extract_tool_calls(ids, request.tools)
+                if calls:
+                    for token in self.tokenizer.all_special_tokens:  # the parser decodes them; the program gets text
+                        content = content.replace(token, "")
+                    message = {"role": "assistant", "content": content.strip() or None, "tool_calls": [
+                        {"id": f"call_{request.agent}_{n}_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                        for i, c in enumerate(calls)
+                    ]}
+                    finish = "tool_calls"
+            temperature = request.sampling.get("temperature")
+            return Reply(ids, list(log_probs), message, finish, None if temperature is None else (temperature if temperature > 0 else 1.0))
+
+        return await play_program(config, problem, list(self.settings.roles), self.settings.branches(validate), self.settings.alpha,
+                                  door, self.render, sample)
+
+    def _tool_parser(self):
+        """verl's tool parser for the rollout's format (``rollout.multi_turn.format``, hermes by default)."""
+        if not hasattr(self, "_parser"):
+            from verl.experimental.agent_loop.tool_parser import ToolParser
+
+            self._parser = ToolParser.get_tool_parser(self.rollout_config.multi_turn.format, self.tokenizer)
+        return self._parser
 
     def _write_log(
         self, directory: str, env_name: str, seed: int, task: dict, validate: bool, swapped: bool, policies: dict,
@@ -250,10 +300,13 @@ class EpisodeAgentLoop(AgentLoopBase):
             "mas_turns": episode.turns if last else None,
             "mas_env_s": episode.env_s if last else None,
             "mas_generate_s": episode.generate_s if last else None,
+            "mas_program": episode.program if last else None,  # a team program's runs, replayed calls, diverged replays
             # verl's postprocess copies this from the last output (a reward manager fills it)
             "reward_extra_info": {},
             **extra,  # verl's staleness fields + this role's routing (mas_policy, mas_served_by, ...)
         }
+        if sample.temperature is not None:  # a program's call set its own
+            tags[ROW_TEMPERATURE] = sample.temperature
         return AgentLoopOutput(
             prompt_ids=sample.prompt_ids,
             response_ids=sample.response_ids,

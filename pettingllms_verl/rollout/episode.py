@@ -34,8 +34,10 @@ from pettingllms_verl.envs.text import Messages
 
 # Why an episode ended: None = the environment finished it.
 TRUNCATIONS = ("max_turns", "prompt_overflow")  # out of turns | a prompt over the rollout's prompt budget
-# the engine failed a request | the environment raised | the engine's server is dead (the run stops)
-ERRORS = ("engine_error", "env_error", "engine_dead")
+# the engine failed a request | the environment raised | the engine's server is dead (the run stops);
+# a team program (agents/) raised or printed no reward | ran past its time limit | made no model
+# call | made more calls than allowed
+ERRORS = ("engine_error", "env_error", "engine_dead", "program_error", "program_timeout", "program_no_call", "program_call_limit")
 
 # (role, prompt ids, n) -> n (token ids, log-probs) replies, sampled independently
 Generate = Callable[[str, list[int], int], Awaitable[list[tuple[list[int], list[float]]]]]
@@ -69,6 +71,7 @@ class Sample:
     sandbox_runs: dict[str, int] = field(default_factory=dict)  # the sandbox runs this reply caused, by status
     info: dict = field(default_factory=dict)  # the env's StepResult.info: the parsed action, what it did
     snapshot: dict | None = None  # the branch's state after this reply (Env.snapshot), when the episode records them
+    temperature: float | None = None  # set: the reply was sampled at this temperature (a program's request), not its role's
 
 
 class PromptTooLong(ValueError):
@@ -98,6 +101,7 @@ class Episode:
     generate_s: float = 0.0  # wall time spent waiting for the engine
     env_s: float = 0.0  # wall time spent rendering prompts, stepping and cloning envs
     start: dict | None = None  # the state before the first reply (Env.snapshot), when the episode records them
+    program: dict | None = None  # a team program's episode (agents/episode.py): its runs, replayed calls, diverged replays
 
 
 def episode_return(samples: Sequence[Sample], final_global_reward: float, alpha: float) -> float:

@@ -1,0 +1,234 @@
+"""One episode of a team program: its model calls as training samples, K runs per tree node.
+
+A call is keyed by (agent, n): the agent its ``model`` names and how many calls that agent made
+before it in the same run (its turn). Every call of a run becomes a ``Sample`` (role = agent,
+turn = n) whose reward is the run's: the agent's own where the program returns rewards per agent,
+else ``alpha`` times the team reward (``program.Outcome``).
+
+Independent mode (K = 1): one run per episode; verl's ``rollout.n`` episodes of a problem group
+their calls by (problem, n, agent). A run that fails (``program.ProgramFailed``, an engine fault)
+loses its episode: without a reward its calls cannot be trained.
+
+Tree mode (K > 1), by replay: node 0 is K runs from scratch, each a branch of the program's first
+call. The best branch (highest reward of that call's agent, lowest index on ties) is the chosen
+run; node j + 1 branches at the chosen run's next call (in the order its calls arrived): the chosen
+run itself is branch 0 (its reply there was sampled afresh), and K - 1 new runs replay the chosen
+run's first j + 1 calls from a cache (served without sampling) and sample from that call on. A node's
+samples are its K branch calls; the calls after them are how each branch is scored (by its run's
+reward), not samples. This needs no change to the program, only that it be replayable: given the
+same replies, it makes the same calls with the same messages (no unseeded randomness, no clock or
+random ids in prompts; agents may run concurrently, each agent's calls in a fixed order). A
+replay that asks something else at a cached call, or does not reach the node's call with the same
+prompt, diverged: it is counted (``Episode.program['diverged']``), leaves the node, and its own
+sampled calls train as an independent run's (node ``"x"``, grouped by problem, n and agent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+from pettingllms_verl.agents.gateway import ChatRequest, Gateway, GatewayError, completion
+from pettingllms_verl.agents.program import Outcome, ProgramFailed, outcome, run_program
+from pettingllms_verl.config import ProgramConfig
+from pettingllms_verl.rollout.episode import ERRORS, EngineDead, Episode, PromptTooLong, Sample, best_branch
+from pettingllms_verl.targets import load_target
+
+DIVERGED_NODE = "x"  # the node of a diverged replay's calls: trained as an independent run's
+
+
+@dataclass
+class Reply:
+    """A sampled reply: token ids and log-probs as the engine gave them, the assistant message the
+    program receives, and the temperature it was sampled at when the program set one."""
+
+    response_ids: list[int]
+    log_probs: list[float]
+    message: dict
+    finish_reason: str
+    temperature: float | None = None
+
+
+# (messages, tools) -> prompt token ids, exactly as templated; raises PromptTooLong
+Render = Callable[[list[dict], list[dict] | None], list[int]]
+# (request, call number, prompt ids) -> one reply of the request's agent
+SampleReply = Callable[[ChatRequest, int, list[int]], Awaitable[Reply]]
+
+
+@dataclass
+class Call:
+    agent: str
+    n: int  # the agent's calls before this one in the run (its turn)
+    request: ChatRequest
+    prompt_ids: list[int]
+    reply: Reply
+    replayed: bool  # served from the replay cache, not sampled in this run
+    generate_s: float = 0.0
+
+
+@dataclass
+class Run:
+    """One program run behind one gateway session: numbers the calls, serves a replayed prefix,
+    samples and records the rest. It is the session's handler."""
+
+    agents: tuple[str, ...]
+    max_calls: int
+    render: Render
+    sample: SampleReply
+    prefix: dict[tuple[str, int], Call] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)  # in order of arrival
+    diverged: bool = False
+    fault: tuple[str, BaseException] | None = None  # (cause, error): an engine fault, a call over max_calls, a prompt over budget
+    _counts: dict[str, int] = field(default_factory=dict)
+
+    async def __call__(self, request: ChatRequest) -> dict:
+        agent = request.agent
+        n = self._counts.get(agent, 0)
+        self._counts[agent] = n + 1
+        if sum(self._counts.values()) > self.max_calls:
+            error = GatewayError(429, f"this run made more than pettingllms.program.max_calls={self.max_calls} calls", "call_limit")
+            self.fault = self.fault or ("program_call_limit", error)
+            raise error
+        try:
+            prompt_ids = self.render(request.messages, request.tools)
+        except PromptTooLong as error:
+            self.fault = self.fault or ("prompt_overflow", error)
+            raise GatewayError(400, str(error), "context_length_exceeded") from None
+        cached = None if self.diverged else self.prefix.get((agent, n))
+        if cached is not None and cached.prompt_ids != prompt_ids:
+            self.diverged, cached = True, None  # asked something else given the same replies: not replayable
+        if cached is not None:
+            call = Call(agent, n, request, prompt_ids, cached.reply, replayed=True)
+        else:
+            started = time.perf_counter()
+            try:
+                reply = await self.sample(request, n, prompt_ids)
+            except Exception as error:
+                self.fault = self.fault or ("engine_dead" if isinstance(error, EngineDead) else "engine_error", error)
+                raise GatewayError(500, f"the model call failed: {error!r}", "server_error") from None
+            call = Call(agent, n, request, prompt_ids, reply, replayed=False, generate_s=time.perf_counter() - started)
+        self.calls.append(call)
+        return completion(agent, f"{agent}-{n}", call.reply.message, call.reply.finish_reason, len(prompt_ids), len(call.reply.response_ids))
+
+    def keyed(self) -> dict[tuple[str, int], Call]:
+        return {(call.agent, call.n): call for call in self.calls}
+
+
+@dataclass
+class Finished:
+    run: Run
+    outcome: Outcome | None  # None: the run failed (``fault``)
+    fault: tuple[str, BaseException] | None
+    wall_s: float
+
+
+async def _run_once(config: ProgramConfig, task: dict, agents: tuple[str, ...], door: Gateway, render: Render,
+                    sample: SampleReply, prefix: dict[tuple[str, int], Call]) -> Finished:
+    run = Run(agents, config.max_calls, render, sample, prefix)
+    base_url, token = door.open(agents, run)
+    started = time.perf_counter()
+    try:
+        value = await run_program(config, task, base_url, token)
+        if config.reward:
+            transcript = [{"agent": c.agent, "n": c.n, "messages": c.request.messages, "reply": c.reply.message} for c in run.calls]
+            value = load_target(config.reward)(task=task, transcript=transcript, output=value)
+        result = outcome(value, agents, config.success_at)
+        fault = run.fault
+        if fault is None and not run.calls:
+            fault = ("program_no_call", ProgramFailed("program_no_call", "the program made no model call"))
+    except ProgramFailed as error:
+        result, fault = None, run.fault or (error.cause, error)  # the engine's fault first: it is why the program failed
+    except Exception as error:  # the user's reward function
+        result, fault = None, run.fault or ("program_error", error)
+    finally:
+        door.close(token)  # from here its token is unknown: a late call is answered 404, recorded nowhere
+    if fault is not None and fault[0] in ERRORS:
+        result = None
+    return Finished(run, result, fault, time.perf_counter() - started)
+
+
+def _sample(call: Call, node: str, branch: int, reward: float, outcome_: Outcome, alpha: float) -> Sample:
+    team = alpha * outcome_.team if outcome_.agents is None else 0.0
+    return Sample(
+        prompt_ids=call.prompt_ids, response_ids=call.reply.response_ids, log_probs=call.reply.log_probs, turn=call.n,
+        role=call.agent, node=node, branch=branch, local_reward=reward - team, global_reward=outcome_.team, reward=reward,
+        parse_ok=True, chosen=branch == 0 and node != DIVERGED_NODE, temperature=call.reply.temperature,
+    )
+
+
+def _end(episode: Episode, finished: Finished) -> None:
+    """An episode's end from its last (chosen) run."""
+    if finished.fault is not None:
+        episode.end_cause, episode.error = finished.fault[0], finished.fault[1]
+    if finished.outcome is not None:
+        episode.success = finished.outcome.success and finished.fault is None
+        episode.final_global_reward = finished.outcome.team
+
+
+def _times(episode: Episode, runs: Sequence[Finished]) -> None:
+    generate = sum(c.generate_s for f in runs for c in f.run.calls)
+    episode.generate_s += generate
+    episode.env_s += max(sum(f.wall_s for f in runs) - generate, 0.0)  # the programs' own time
+
+
+async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str], k: int, alpha: float, door: Gateway,
+                       render: Render, sample: SampleReply) -> Episode:
+    """Play one episode of the program (K = 1: one run; K > 1: the replay tree above)."""
+    agents = tuple(agents)
+    episode = Episode(program={"runs": 0, "replayed_calls": 0, "diverged": 0})
+
+    async def runs(prefix: dict, count: int) -> list[Finished]:
+        done = await asyncio.gather(*(_run_once(config, task, agents, door, render, sample, prefix) for _ in range(count)))
+        episode.program["runs"] += count
+        episode.program["replayed_calls"] += sum(c.replayed for f in done for c in f.run.calls)
+        _times(episode, done)
+        return list(done)
+
+    if k == 1:
+        (finished,) = await runs({}, 1)
+        _end(episode, finished)
+        if finished.outcome is not None:
+            episode.samples = [_sample(c, "", 0, finished.outcome.reward(c.agent, alpha), finished.outcome, alpha) for c in finished.run.calls]
+            episode.turns = len(finished.run.calls)
+        return episode
+
+    branches = await runs({}, k)
+    path, j = "", 0
+    while True:
+        failed = next((f for f in branches if f.outcome is None), None)
+        if failed is not None:  # a fault ends the episode where it happened; the nodes before keep their samples
+            _end(episode, failed)
+            return episode
+        reference = branches[0].run.calls
+        if j >= len(reference):  # the chosen run made no more calls: the episode is over
+            _end(episode, branches[0])
+            return episode
+        at = reference[j]
+        kept: list[tuple[int, Finished, Call]] = []
+        for index, finished in enumerate(branches):
+            own = finished.run.keyed().get((at.agent, at.n))
+            if index == 0 or (not finished.run.diverged and own is not None and not own.replayed and own.prompt_ids == at.prompt_ids):
+                kept.append((index, finished, own))
+            else:  # not replayable here: its sampled calls train as an independent run's
+                episode.program["diverged"] += 1
+                episode.samples.extend(
+                    _sample(c, DIVERGED_NODE, 0, finished.outcome.reward(c.agent, alpha), finished.outcome, alpha)
+                    for c in finished.run.calls if not c.replayed
+                )
+        rewards = [finished.outcome.reward(at.agent, alpha) for _, finished, _ in kept]
+        best = best_branch(rewards)
+        for branch, ((_, finished, call), reward) in enumerate(zip(kept, rewards)):
+            node_sample = _sample(call, path, branch, reward, finished.outcome, alpha)
+            node_sample.chosen = branch == best
+            episode.samples.append(node_sample)
+        episode.turns = j + 1
+        chosen = kept[best][1]
+        path = f"{path}.{best}" if path else str(best)
+        j += 1
+        if j >= len(chosen.run.calls):
+            _end(episode, chosen)
+            return episode
+        prefix = {(c.agent, c.n): c for c in chosen.run.calls[:j]}
+        branches = [chosen, *await runs(prefix, k - 1)]

@@ -1,0 +1,67 @@
+"""Team programs for ``tests/test_agents.py``: each runs in a process of its own through
+``pettingllms_verl.agents.runner`` and talks to the gateway with the plain ``openai`` client."""
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import time
+
+
+async def writer_and_checker(task, client):
+    """Two agents, two calls each; the checker reads the writer's reply. Rewards per agent depend
+    only on the replies (replayable: the same replies give the same calls)."""
+    ai = client.openai()
+    draft = ""
+    for round_ in range(2):
+        reply = await ai.chat.completions.create(model="writer", messages=[
+            {"role": "system", "content": "write"}, {"role": "user", "content": f"seed {task['seed']} round {round_} after {draft!r}"}])
+        draft = reply.choices[0].message.content
+        await ai.chat.completions.create(model="checker", messages=[{"role": "user", "content": f"check {draft!r}"}])
+    return {"writer": float(draft.count("1")), "checker": 1.0}
+
+
+def team_number(task, client):
+    """A sync program returning the team reward: 1 when the writer's one reply holds a '1'."""
+    from openai import OpenAI
+
+    ai = OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
+    reply = ai.chat.completions.create(model="writer", messages=[{"role": "user", "content": "go"}], temperature=0.5, max_tokens=3)
+    return 1.0 if "1" in reply.choices[0].message.content else 0.0
+
+
+async def unreplayable(task, client):
+    """Asks with a random number in its prompt: a replay never asks what it asked before."""
+    ai = client.openai()
+    for _ in range(2):
+        await ai.chat.completions.create(model="writer", messages=[{"role": "user", "content": f"noise {random.random()}"}])
+    return 0.5
+
+
+def raises(task, client):
+    raise RuntimeError("the program broke")
+
+
+def no_call(task, client):
+    return 1.0
+
+
+async def too_many_calls(task, client):
+    ai = client.openai()
+    for _ in range(50):
+        await ai.chat.completions.create(model="writer", messages=[{"role": "user", "content": "again"}])
+    return 1.0
+
+
+def hangs(task, client):
+    """Starts a child that would outlive it, writes both pids, then hangs."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(task["task"]["pid_file"], "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    time.sleep(600)
+
+
+def bad_reward(task, client):
+    asyncio.run(client.openai().chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}]))
+    return "lots"

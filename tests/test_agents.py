@@ -1,0 +1,250 @@
+"""Team programs through the gateway, in-process: the HTTP door and its checks, a program's calls as
+samples, faults counted by cause, and AT-GRPO tree sampling by replay. Programs run for real (in
+processes of their own, with the ``openai`` client, ``team_programs.py``); the model is a stand-in
+whose replies are drawn from a seeded generator."""
+
+import asyncio
+import json
+import os
+import random
+
+import aiohttp
+import pytest
+
+from pettingllms_verl.agents.episode import DIVERGED_NODE, Reply, play_program
+from pettingllms_verl.agents.gateway import Gateway, GatewayError, parse_request
+from pettingllms_verl.agents.program import Outcome, ProgramFailed, outcome
+from pettingllms_verl.config import ProgramConfig, SettingsError, load
+from pettingllms_verl.rollout.episode import ERRORS, PromptTooLong
+
+PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "team_programs.py")
+AGENTS = ("writer", "checker")
+
+
+def program(name: str, **kwargs) -> ProgramConfig:
+    return ProgramConfig(target=f"{PROGRAMS}:{name}", **kwargs)
+
+
+def render(messages, tools=None) -> list[int]:
+    """Prompt ids: the characters of the messages (equal messages, equal ids)."""
+    ids = [ord(c) % 997 for c in json.dumps([messages, tools], sort_keys=True)]
+    if len(ids) > 2000:
+        raise PromptTooLong(f"{len(ids)} tokens")
+    return ids
+
+
+class Model:
+    """A stand-in policy: replies of one to three digits from a seeded generator; counts calls."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+        self.calls = 0
+
+    async def __call__(self, request, n, prompt_ids) -> Reply:
+        self.calls += 1
+        text = "".join(self.rng.choice("0123") for _ in range(self.rng.randint(1, 3)))
+        ids = [ord(c) for c in text]
+        return Reply(ids, [-0.5] * len(ids), {"role": "assistant", "content": text}, "stop", request.sampling.get("temperature"))
+
+
+def play(config: ProgramConfig, k: int = 1, model=None, seed: int = 7, alpha: float = 1.0, task=None):
+    async def main():
+        door = Gateway()
+        await door.start()
+        try:
+            return await play_program(config, {"env": "t", "seed": seed, "task": task or {}}, AGENTS, k, alpha, door, render, model or Model())
+        finally:
+            await door.stop()
+
+    return asyncio.run(main())
+
+
+# --- the request checks -------------------------------------------------------------------------
+
+def test_a_request_names_an_agent_and_carries_its_sampling_values():
+    request = parse_request({
+        "model": "writer", "temperature": 0.3, "top_p": 0.9, "max_completion_tokens": 12, "stop": "END", "seed": 5, "tool_choice": "auto",
+        "messages": [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+                     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+                     {"role": "tool", "tool_call_id": "c1", "content": "2"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    }, AGENTS)
+    assert request.agent == "writer" and request.sampling == {"temperature": 0.3, "top_p": 0.9, "max_tokens": 12, "stop": ["END"]}
+    assert request.messages[0] == {"role": "system", "content": "be brief"}
+    assert request.messages[1]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"x": 1}}  # as chat templates read it
+    assert request.messages[2] == {"role": "tool", "content": "2", "tool_call_id": "c1"}
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"model": "boss", "messages": [{"role": "user", "content": "x"}]}, 404, "['writer', 'checker']"),
+    ({"model": "writer", "messages": []}, 400, "messages"),
+    ({"model": "writer", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+    ({"model": "writer", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "text content"),
+    ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "stream": True}, 400, "streaming"),
+    ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "one choice"),
+    ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
+    ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}, 400, "tools[0]"),
+    (["not", "an", "object"], 400, "JSON object"),
+])
+def test_a_bad_request_is_refused_with_the_reason(body, status, words):
+    with pytest.raises(GatewayError) as error:
+        parse_request(body, AGENTS)
+    assert error.value.status == status and words in error.value.message
+
+
+def test_the_reward_forms_and_what_is_refused():
+    assert outcome(0.5, AGENTS, 1.0) == Outcome(0.5, None, False)
+    assert outcome({"writer": 1.0}, AGENTS, 0.5) == Outcome(0.5, {"writer": 1.0, "checker": 0.0}, True)
+    assert outcome(2.0, AGENTS, 1.0).reward("checker", alpha=0.5) == 1.0
+    for bad, words in ((True, "finite number"), (float("nan"), "finite number"), ({"boss": 1.0}, "['boss']"), ("1", "finite number")):
+        with pytest.raises(ProgramFailed, match=words.replace("[", r"\[").replace("]", r"\]")):
+            outcome(bad, AGENTS, 1.0)
+
+
+def test_a_program_config_is_checked_before_anything_runs():
+    with pytest.raises(SettingsError, match="pettingllms.roles: a program's agents"):
+        load({"program": {"target": "x:y"}})
+    with pytest.raises(SettingsError, match="pettingllms.program.command: .*not both"):
+        load({"program": {"target": "x:y", "command": ["prog"]}, "roles": {"a": {}}})
+    assert load({"program": {"command": ["prog"]}, "roles": {"a": {}}}).program.enabled
+
+
+# --- the HTTP door ------------------------------------------------------------------------------
+
+def test_the_gateway_answers_its_session_only_and_forgets_it_when_closed():
+    async def main():
+        door = Gateway(max_request_bytes=4096)
+        await door.start()
+        seen = []
+
+        async def handler(request):
+            seen.append(request.agent)
+            return {"ok": request.agent}
+
+        base, token = door.open(AGENTS, handler)
+        other_base, other = door.open(AGENTS, handler)
+        assert token != other and len(token) >= 32 and base.startswith("http://127.0.0.1:")
+        body = {"model": "checker", "messages": [{"role": "user", "content": "x"}]}
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/models") as r:
+                assert [m["id"] for m in (await r.json())["data"]] == list(AGENTS)
+            async with http.post(f"{base}/chat/completions", json=body) as r:
+                assert r.status == 200 and await r.json() == {"ok": "checker"}
+            async with http.post(f"{base}/chat/completions", data=b"{not json") as r:
+                assert r.status == 400 and "not JSON" in (await r.json())["error"]["message"]
+            async with http.post(f"{base}/chat/completions", json={**body, "pad": "x" * 8000}) as r:
+                assert r.status == 413 and "max_request_bytes" in (await r.json())["error"]["message"]
+            async with http.post(f"{base.replace(token, 'guessed')}/chat/completions", json=body) as r:
+                assert r.status == 404
+            door.close(token)
+            async with http.post(f"{base}/chat/completions", json=body) as r:  # a finished session
+                assert r.status == 404
+            async with http.post(f"{other_base}/chat/completions", json=body) as r:
+                assert r.status == 200
+        await door.stop()
+        return seen
+
+    assert asyncio.run(main()) == ["checker", "checker"]  # the 404s reached no handler
+
+
+# --- a program's episode ------------------------------------------------------------------------
+
+def test_every_call_of_a_run_is_a_sample_numbered_per_agent_with_its_agents_reward():
+    model = Model()
+    episode = play(program("writer_and_checker"), model=model)
+    assert episode.end_cause is None and model.calls == 4
+    assert [(s.role, s.turn) for s in episode.samples] == [("writer", 0), ("checker", 0), ("writer", 1), ("checker", 1)]
+    writer_reward = float(json.loads(json.dumps(episode.samples[2].response_ids)).count(ord("1")))
+    assert all(s.reward == (writer_reward if s.role == "writer" else 1.0) for s in episode.samples)
+    assert all(s.chosen and s.node == "" and s.global_reward == (writer_reward + 1.0) / 2 for s in episode.samples)
+    # the checker's prompt holds the writer's reply as the program received it
+    assert render([{"role": "user", "content": f"check {bytes(episode.samples[0].response_ids).decode()!r}"}]) == episode.samples[1].prompt_ids
+    assert episode.program == {"runs": 1, "replayed_calls": 0, "diverged": 0}
+
+
+def test_a_sync_program_gives_the_team_reward_and_its_sampling_values_reach_the_model():
+    seen = []
+
+    async def model(request, n, prompt_ids):
+        seen.append(request.sampling)
+        return Reply([ord("1")], [-0.1], {"role": "assistant", "content": "1"}, "stop", request.sampling.get("temperature"))
+
+    episode = play(program("team_number", success_at=1.0), model=model, alpha=0.5)
+    assert seen == [{"temperature": 0.5, "max_tokens": 3}]
+    (sample,) = episode.samples
+    assert episode.success and sample.reward == 0.5 and sample.global_reward == 1.0 and sample.temperature == 0.5
+
+
+@pytest.mark.parametrize("name, cause", [
+    ("raises", "program_error"), ("no_call", "program_no_call"), ("too_many_calls", "program_call_limit"), ("bad_reward", "program_error"),
+])
+def test_a_failed_program_loses_its_episode_by_cause(name, cause):
+    assert cause in ERRORS
+    episode = play(program(name, max_calls=5))
+    assert episode.end_cause == cause and not episode.samples and not episode.success
+    if name == "raises":
+        assert "RuntimeError: the program broke" in str(episode.error)
+
+
+def test_a_program_past_its_time_limit_is_killed_with_its_children(tmp_path):
+    pid_file = tmp_path / "pids"
+    episode = play(program("hangs", time_limit_s=3), task={"pid_file": str(pid_file)})
+    assert episode.end_cause == "program_timeout" and "time_limit_s=3" in str(episode.error)
+    for pid in map(int, pid_file.read_text().split()):
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:  # gone, or a zombie awaiting its reaper
+                assert f.read().split(") ")[1].startswith("Z"), pid
+        except ProcessLookupError:
+            pass
+
+
+def test_a_command_program_reads_its_session_from_the_environment(tmp_path):
+    script = tmp_path / "team.py"
+    script.write_text(
+        "import json, os\nfrom openai import OpenAI\n"
+        "task = json.loads(os.environ['PETTINGLLMS_TASK'])\n"
+        "ai = OpenAI(max_retries=0)\n"  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+        "r = ai.chat.completions.create(model='checker', messages=[{'role': 'user', 'content': str(task['seed'])}])\n"
+        "print('chatter first')\nprint(json.dumps({'checker': 0.25}))\n"
+    )
+    import sys
+
+    episode = play(ProgramConfig(command=[sys.executable, str(script)]), seed=11)
+    (sample,) = episode.samples
+    assert sample.role == "checker" and sample.reward == 0.25 and sample.prompt_ids == render([{"role": "user", "content": "11"}])
+
+
+# --- AT-GRPO tree sampling by replay --------------------------------------------------------------
+
+def test_a_tree_branches_each_call_k_ways_by_replaying_the_chosen_prefix():
+    k = 3
+    model = Model(seed=1)
+    episode = play(program("writer_and_checker"), k=k, model=model)
+    assert episode.end_cause is None and episode.program["diverged"] == 0
+    nodes: dict[str, list] = {}
+    for s in episode.samples:
+        nodes.setdefault(s.node, []).append(s)
+    assert len(nodes) == 4 and all(len(branches) == k for branches in nodes.values())  # one node per call of the chosen run
+    path = ""
+    for j, (node, branches) in enumerate(nodes.items()):
+        assert node == path
+        assert len({tuple(s.prompt_ids) for s in branches}) == 1  # K replies to one prompt
+        assert [(s.role, s.turn) for s in branches] == [(("writer", "checker")[j % 2], j // 2)] * k
+        best = max(range(k), key=lambda b: (branches[b].reward, -b))
+        assert [s.chosen for s in branches] == [b == best for b in range(k)]
+        path = f"{path}.{best}" if path else str(best)
+    # node 0: K runs; each later node: the chosen run goes on, K - 1 replays serve its first j calls from the cache
+    assert episode.program["runs"] == k + 3 * (k - 1)
+    assert episode.program["replayed_calls"] == (k - 1) * (1 + 2 + 3)
+    assert model.calls == 4 * k + (k - 1) * (3 + 2 + 1)  # every run samples from its node's call on
+
+
+def test_a_replay_that_asks_something_else_is_counted_and_trained_as_an_independent_run():
+    episode = play(program("unreplayable"), k=2)
+    assert episode.program["diverged"] >= 1
+    diverged = [s for s in episode.samples if s.node == DIVERGED_NODE]
+    assert diverged and all(not s.chosen for s in diverged)
+    tree = [s for s in episode.samples if s.node != DIVERGED_NODE]
+    assert len(tree) < 2 * 2  # the diverged branches left their nodes
