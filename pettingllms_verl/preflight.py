@@ -155,6 +155,39 @@ def _check_user_code(settings: Any) -> None:
                               "name a function fn(role=, reply=, result=, env=) -> float")
 
 
+def _check_program(settings: Any) -> None:
+    """A team program: its function (or command) and reward function are found from here, the
+    directory its runs start in (``agents.program.LAUNCH_DIR``), and every policy serves an agent."""
+    import shutil
+
+    from pettingllms_verl.agents.program import LAUNCH_DIR
+    from pettingllms_verl.config import SECTION
+    from pettingllms_verl.targets import TargetError, load_target
+
+    os.environ.setdefault(LAUNCH_DIR, os.getcwd())  # before Ray starts: its workers inherit it
+    program = settings.program
+    for key, target in (("target", program.target), ("reward", program.reward)):
+        if target is None:
+            continue
+        try:
+            fn = load_target(target)
+        except TargetError as error:
+            raise ConfigError(
+                f"{SECTION}.program.{key}", str(error),
+                "name a function as 'package.module:fn' or 'file.py:fn' (a relative file from where main_ppo starts); "
+                "the examples' client: pip install 'pettingllms-verl[agents]'",
+            ) from None
+        if not callable(fn):
+            raise ConfigError(f"{SECTION}.program.{key}", f"{target!r} is {fn!r}, not a function", "name a function")
+    if program.command:
+        executable = program.command[0]
+        if shutil.which(executable) is None and not os.path.isfile(executable):
+            raise ConfigError(f"{SECTION}.program.command", f"{executable!r} is no executable on PATH nor a file here ({os.getcwd()})",
+                              "give the command as a list: [program, args...]")
+    roles = tuple(settings.roles)
+    settings.check_roles("the program", roles, roles)
+
+
 def _check_policies(config: DictConfig) -> None:
     """The ``pettingllms`` section: schema, policies (models, tokenizers, pools), roles vs the env."""
     from pettingllms_verl import envs
@@ -165,7 +198,9 @@ def _check_policies(config: DictConfig) -> None:
         settings = load(config.pettingllms)
         table = settings.policy_table()
         _check_user_code(settings)
-        row = _train_env(config)
+        if settings.program.enabled:
+            _check_program(settings)
+        row = None if settings.program.enabled else _train_env(config)  # a program's agents are its roles, whatever the rows' env
         if row is not None:
             env_name, seed, task = row
             try:

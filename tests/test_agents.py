@@ -248,3 +248,60 @@ def test_a_replay_that_asks_something_else_is_counted_and_trained_as_an_independ
     assert diverged and all(not s.chosen for s in diverged)
     tree = [s for s in episode.samples if s.node != DIVERGED_NODE]
     assert len(tree) < 2 * 2  # the diverged branches left their nodes
+
+
+# --- the same rows as the native environment --------------------------------------------------------
+
+EXAMPLE = os.path.join(os.path.dirname(PROGRAMS), "..", "examples", "agents", "plan_path_openai.py")
+SCRIPT = {  # (role, turn) -> the reply both paths receive
+    ("tool", 0): "```python\nprint('R D')\n```", ("plan", 0): "Moves: R D R",
+    ("tool", 1): "```python\nimport sys\nprint(sys.stdin.read()[:0] + 'L')\n```", ("plan", 1): "no moves here",
+}
+
+
+def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_token(tiny_model_dir):
+    """For one task and the same replies, the example program's calls are the native Plan-Path
+    episode's rows: equal prompt and reply token ids, role by role, turn by turn."""
+    from transformers import AutoTokenizer
+
+    from pettingllms_verl import envs
+    from pettingllms_verl.rollout.episode import run_episode
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    options = {"size": 6, "max_turns": 2}
+    env = envs.make("plan_path", **options)
+    env.reset(seed=5)
+
+    def render_(messages, tools=None):
+        return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    turns: dict[str, int] = {}
+
+    async def native_generate(role, prompt_ids, n):
+        turn = turns.get(role, 0)
+        turns[role] = turn + 1
+        return [(tokenizer.encode(SCRIPT[role, turn]), [0.0])]
+
+    async def program_sample(request, n, prompt_ids):
+        ids = tokenizer.encode(SCRIPT[request.agent, n])
+        return Reply(ids, [0.0] * len(ids), {"role": "assistant", "content": decode(ids)}, "stop")
+
+    native = asyncio.run(run_episode(env, ("tool", "plan"), 2, k=1, alpha=1.0, generate=native_generate, render=render_, decode=decode))
+
+    async def main():
+        door = Gateway()
+        await door.start()
+        problem = {"env": "plan_path", "seed": 5, "task": env.task, "env_kwargs": options}
+        try:
+            return await play_program(ProgramConfig(target=f"{EXAMPLE}:team"), problem, ("tool", "plan"), 1, 1.0, door, render_, program_sample)
+        finally:
+            await door.stop()
+
+    ours = asyncio.run(main())
+    assert ours.end_cause is None and len(native.samples) == 4
+    assert [(s.role, s.turn, s.prompt_ids, s.response_ids) for s in ours.samples] == [
+        (s.role, s.turn, s.prompt_ids, s.response_ids) for s in native.samples
+    ]

@@ -21,6 +21,9 @@ from typing import Any, Sequence
 from pettingllms_verl.config import ProgramConfig
 
 TASK_VARIABLE = "PETTINGLLMS_TASK"
+# the directory main_ppo started in (set by the preflight, inherited by Ray's workers): programs
+# run there, so a relative program file or command reads as it did on the command line
+LAUNCH_DIR = "PETTINGLLMS_LAUNCH_DIR"
 OUTPUT_CHARS = 4000  # the tail of a failed program's stderr kept in its error
 
 
@@ -71,7 +74,7 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
     env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, TASK_VARIABLE: json.dumps(task), "PYTHONUNBUFFERED": "1"}
     process = await asyncio.create_subprocess_exec(
         *command(config), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=env, start_new_session=True,
+        env=env, start_new_session=True, cwd=os.environ.get(LAUNCH_DIR),
     )
     try:
         out, err = await asyncio.wait_for(process.communicate(), config.time_limit_s)

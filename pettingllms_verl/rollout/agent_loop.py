@@ -133,7 +133,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             return [(out.token_ids[: self.response_length], (out.log_probs or [])[: self.response_length]) for out in outputs]
 
         if program:
-            problem = {"env": name, "seed": seed, "task": task}
+            problem = {"env": name, "seed": seed, "task": task, "env_kwargs": dict(self.settings.env_kwargs)}
             episode = await self._play_program(problem, sampling_params, validate, generate)
         else:
             workflow = env.workflow(self.settings.workflow)
