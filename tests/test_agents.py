@@ -252,16 +252,19 @@ def test_a_replay_that_asks_something_else_is_counted_and_trained_as_an_independ
 
 # --- the same rows as the native environment --------------------------------------------------------
 
-EXAMPLE = os.path.join(os.path.dirname(PROGRAMS), "..", "examples", "agents", "plan_path_openai.py")
+EXAMPLES = os.path.join(os.path.dirname(PROGRAMS), "..", "examples", "agents")
+EXAMPLE = os.path.join(EXAMPLES, "plan_path_openai.py")
 SCRIPT = {  # (role, turn) -> the reply both paths receive
     ("tool", 0): "```python\nprint('R D')\n```", ("plan", 0): "Moves: R D R",
     ("tool", 1): "```python\nimport sys\nprint(sys.stdin.read()[:0] + 'L')\n```", ("plan", 1): "no moves here",
 }
 
 
-def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_token(tiny_model_dir):
-    """For one task and the same replies, the example program's calls are the native Plan-Path
-    episode's rows: equal prompt and reply token ids, role by role, turn by turn."""
+@pytest.mark.parametrize("example", ["plan_path_openai", "plan_path_langgraph", "plan_path_agents_sdk"])
+def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_token(tiny_model_dir, example):
+    """For one task and the same replies, each example program's calls (bare openai, LangGraph,
+    Agents SDK) are the native Plan-Path episode's rows: equal prompt and reply token ids, role by
+    role, turn by turn."""
     from transformers import AutoTokenizer
 
     from pettingllms_verl import envs
@@ -296,7 +299,7 @@ def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_t
         await door.start()
         problem = {"env": "plan_path", "seed": 5, "task": env.task, "env_kwargs": options}
         try:
-            return await play_program(ProgramConfig(target=f"{EXAMPLE}:team"), problem, ("tool", "plan"), 1, 1.0, door, render_, program_sample)
+            return await play_program(ProgramConfig(target=f"{EXAMPLES}/{example}.py:team"), problem, ("tool", "plan"), 1, 1.0, door, render_, program_sample)
         finally:
             await door.stop()
 

@@ -477,3 +477,41 @@ def test_megatron_runs_one_shared_policy_and_full_models_per_role_and_refuses_wh
     with pytest.raises(ConfigError, match="several adapters on one base need FSDP2") as error:
         check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **gpu))
     assert error.value.key == "actor_rollout_ref.actor.strategy"
+
+
+def team_program(tmp_path, rows, **overrides):
+    """A valid team-program config: the test programs' writer and checker, each its own policy."""
+    programs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "team_programs.py")
+    base = {
+        "data.train_files": rows,
+        "pettingllms.program.target": f"{programs}:writer_and_checker",
+        "pettingllms.policies.a.trainable": "true",
+        "pettingllms.policies.b.trainable": "false",
+        "pettingllms.roles.writer.policy": "a",
+        "pettingllms.roles.checker.policy": "b",
+    }
+    return mas_config(tmp_path, **{key: value for key, value in {**base, **overrides}.items() if value is not None})
+
+
+def test_a_team_program_passes_with_its_agents_as_roles_whatever_the_rows_env(tmp_path, plan_path_rows, monkeypatch):
+    monkeypatch.delenv("PETTINGLLMS_LAUNCH_DIR", raising=False)
+    check(team_program(tmp_path, plan_path_rows))
+    assert os.environ["PETTINGLLMS_LAUNCH_DIR"] == os.getcwd()  # where programs run: Ray's workers inherit it
+
+
+@pytest.mark.parametrize(
+    "overrides, key, problem",
+    [
+        ({"pettingllms.program.target": "no_such_module_here:team"}, "pettingllms.program.target", "cannot import 'no_such_module_here'"),
+        ({"pettingllms.program.target": "os:sep"}, "pettingllms.program.target", "not a function"),
+        ({"pettingllms.program.reward": "os.path:no_such_fn"}, "pettingllms.program.reward", "has no 'no_such_fn'"),
+        ({"pettingllms.program.target": None, "pettingllms.program.command": "[no-such-program-xyz]"}, "pettingllms.program.command",
+         "no executable on PATH"),
+        ({"pettingllms.roles.checker.policy": "a"}, "pettingllms.policies.b", "no acting role uses it"),
+    ],
+)
+def test_a_bad_team_program_names_the_key(tmp_path, plan_path_rows, monkeypatch, overrides, key, problem):
+    monkeypatch.delenv("PETTINGLLMS_LAUNCH_DIR", raising=False)
+    with pytest.raises(ConfigError) as error:
+        check(team_program(tmp_path, plan_path_rows, **overrides))
+    assert error.value.key == key and problem in str(error.value), str(error.value)

@@ -1,0 +1,62 @@
+"""A team program trained through ``main_ppo``: the example Plan-Path program (bare ``openai``
+client, ``examples/agents/plan_path_openai.py``), each agent on its own policy, its calls served
+through the gateway by the rollout's servers and trained with AT-GRPO."""
+
+import os
+from collections import Counter, defaultdict
+
+import pytest
+
+from test_agents import EXAMPLE
+from test_mas_e2e import RECIPES, artifacts, dumped_rows, run_recipe  # noqa: F401 (artifacts: the module's fixture)
+
+pytestmark = pytest.mark.slow
+PROGRAM = f"pettingllms.program.target={os.path.abspath(EXAMPLE)}:team"  # the tests start main_ppo in their artifacts folder
+
+
+def test_a_program_trains_a_full_model_and_an_adapter_with_tree_sampling_by_replay(artifacts):
+    """L2 + L1 in one run: the tool agent a full model of its own, the planner a LoRA adapter on the
+    base; K = 2 branches per call, replayed. Each agent's calls reach its own policy, each tree node
+    is a group of K replies to one prompt, and both policies are updated."""
+    dump = artifacts / "program_batches"
+    metrics = run_recipe(
+        artifacts, "plan_path_program_cpu", PROGRAM, "trainer.total_training_steps=1", "+pettingllms.policies.plan_policy.adapter.rank=8",
+        f"pettingllms.paths.batch_dump_dir={dump}",
+    )
+    data = metrics[0]["data"]
+    for policy in ("tool_policy", "plan_policy"):
+        assert data[f"policy/{policy}/rows"] > 0 and f"policy/{policy}/actor/grad_norm" in data
+        assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5  # trained on the ids and log-probs it sampled
+    assert data["mas/program/runs_mean"] > 2 and data["mas/program/replayed_calls"] > 0 and data["mas/episode_errors"] == 0
+    assert "mas/tool/reward_mean" in data and "mas/plan/reward_mean" in data
+    rows = dumped_rows(dump)
+    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {("tool", ("tool_policy",)), ("plan", ("plan_policy",))}
+    groups = defaultdict(list)
+    for row in rows:
+        groups[row["mas_group"]].append(row)
+    assert set(Counter(len(g) for g in groups.values())) == {2}  # every node: K = 2 replies
+    for group in groups.values():
+        assert len({(row["mas_role"], row["mas_turn"], row["mas_node"]) for row in group}) == 1
+        assert sum(row["mas_chosen"] for row in group) == 1
+
+
+def test_a_program_on_one_shared_policy_with_independent_runs(artifacts):
+    """L0: one policy for both agents; rollout.n = 2 independent runs per problem, grouped by
+    (problem, call number, agent); validation plays each test problem once and reports success."""
+    dump = artifacts / "program_l0_batches"
+    metrics = run_recipe(
+        artifacts, "plan_path_program_cpu", PROGRAM, "trainer.total_training_steps=1", "trainer.experiment_name=program_l0",
+        "~pettingllms.policies", "~pettingllms.roles.tool.policy", "~pettingllms.roles.plan.policy",  # none listed: one policy, shared
+        "pettingllms.rollout_mode=independent", "actor_rollout_ref.rollout.n=2", "trainer.test_freq=1",
+        f"pettingllms.paths.batch_dump_dir={dump}",
+    )
+    data = metrics[-1]["data"]
+    assert data["policy/shared/rows"] > 0 and data["mas/program/runs_mean"] == 1.0
+    assert any(key.startswith("val-core/plan_path/") for key in data)
+    rows = dumped_rows(dump)
+    assert {row["mas_role"] for row in rows} == {"tool", "plan"} and {row["mas_policy"] for row in rows} == {"shared"}
+    groups = defaultdict(list)
+    for row in rows:
+        groups[row["mas_group"]].append(row)
+    assert all(len({(r["mas_role"], r["mas_turn"]) for r in g}) == 1 for g in groups.values())
+    assert max(len(g) for g in groups.values()) == 2  # the two runs of a problem meet in their calls' groups
