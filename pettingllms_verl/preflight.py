@@ -160,7 +160,7 @@ def _check_program(settings: Any) -> None:
     directory its runs start in (``agents.program.LAUNCH_DIR``), and every policy serves an agent."""
     import shutil
 
-    from pettingllms_verl.agents.program import LAUNCH_DIR
+    from pettingllms_verl.programs.program import LAUNCH_DIR
     from pettingllms_verl.config import SECTION
     from pettingllms_verl.targets import TargetError, load_target
 

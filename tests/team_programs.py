@@ -1,5 +1,5 @@
-"""Team programs for ``tests/test_agents.py``: each runs in a process of its own through
-``pettingllms_verl.agents.runner`` and talks to the gateway with the plain ``openai`` client."""
+"""Team programs for ``tests/test_programs.py``: each runs in a process of its own through
+``pettingllms_verl.programs.runner`` and talks to the gateway with the plain ``openai`` client."""
 
 import asyncio
 import os

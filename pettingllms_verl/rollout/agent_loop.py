@@ -4,7 +4,7 @@ training sample per (turn, role, branch), each with its own reward and group tag
 Rows come from ``pettingllms_verl.data.rows.task_row`` (the env name and task travel in
 ``extra_info``). The loop knows no environment: it builds it by name, renders its chat messages
 with the tokenizer's template, and hands replies back as text. With ``pettingllms.program`` set,
-a team program plays the task instead, through the gateway (``agents/``): its agents are the roles.
+a team program plays the task instead, through the gateway (``programs/``): its agents are the roles.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from pettingllms_verl import envs
-from pettingllms_verl.agents.episode import Reply, play_program
-from pettingllms_verl.agents.gateway import ChatRequest, gateway
+from pettingllms_verl.programs.episode import Reply, play_program
+from pettingllms_verl.programs.gateway import ChatRequest, gateway
 from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
@@ -189,7 +189,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         return outputs
 
     async def _play_program(self, problem: dict, sampling_params: dict[str, Any], validate: bool, generate) -> Episode:
-        """An episode of the recipe's team program (``agents/episode.py``): each call it makes
+        """An episode of the recipe's team program (``programs/episode.py``): each call it makes
         through the gateway is rendered with this policy's chat template, sampled by the role's
         policy and answered as a chat completion (tool calls parsed by verl's tool parser)."""
         config = self.settings.program

@@ -35,7 +35,7 @@ from pettingllms_verl.envs.text import Messages
 # Why an episode ended: None = the environment finished it.
 TRUNCATIONS = ("max_turns", "prompt_overflow")  # out of turns | a prompt over the rollout's prompt budget
 # the engine failed a request | the environment raised | the engine's server is dead (the run stops);
-# a team program (agents/) raised or printed no reward | ran past its time limit | made no model
+# a team program (programs/) raised or printed no reward | ran past its time limit | made no model
 # call | made more calls than allowed
 ERRORS = ("engine_error", "env_error", "engine_dead", "program_error", "program_timeout", "program_no_call", "program_call_limit")
 
@@ -101,7 +101,7 @@ class Episode:
     generate_s: float = 0.0  # wall time spent waiting for the engine
     env_s: float = 0.0  # wall time spent rendering prompts, stepping and cloning envs
     start: dict | None = None  # the state before the first reply (Env.snapshot), when the episode records them
-    program: dict | None = None  # a team program's episode (agents/episode.py): its runs, replayed calls, diverged replays
+    program: dict | None = None  # a team program's episode (programs/episode.py): its runs, replayed calls, diverged replays
 
 
 def episode_return(samples: Sequence[Sample], final_global_reward: float, alpha: float) -> float:

@@ -9,7 +9,7 @@ write into another's rows.
 Routes (under the base URL): ``GET /models`` lists the run's agents; ``POST /chat/completions``
 takes a chat request whose ``model`` names an agent. This module only speaks HTTP and checks
 requests (``parse_request``: every value the program sends is untrusted); what a call does (render,
-sample, record) is the run's handler (``agents/episode.py``).
+sample, record) is the run's handler (``programs/episode.py``).
 """
 
 from __future__ import annotations

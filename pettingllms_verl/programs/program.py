@@ -1,7 +1,7 @@
 """Running a team program for one episode, and reading what it returns.
 
 A program runs in a process of its own (a new session, so its whole process group can be ended):
-``python -m pettingllms_verl.agents.runner module:function`` for a function, or the recipe's
+``python -m pettingllms_verl.programs.runner module:function`` for a function, or the recipe's
 command. Its environment carries ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (the run's gateway
 session) and ``PETTINGLLMS_TASK`` (the task as JSON). Its reward is the last line it prints, as
 JSON: a number (the team reward) or an object of agent name -> reward.
@@ -64,7 +64,7 @@ def outcome(value: Any, agents: Sequence[str], success_at: float) -> Outcome:
 
 
 def command(config: ProgramConfig) -> list[str]:
-    return list(config.command) if config.command else [sys.executable, "-m", "pettingllms_verl.agents.runner", str(config.target)]
+    return list(config.command) if config.command else [sys.executable, "-m", "pettingllms_verl.programs.runner", str(config.target)]
 
 
 async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key: str) -> Any:

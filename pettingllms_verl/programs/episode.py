@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
-from pettingllms_verl.agents.gateway import ChatRequest, Gateway, GatewayError, completion
-from pettingllms_verl.agents.program import Outcome, ProgramFailed, outcome, run_program
+from pettingllms_verl.programs.gateway import ChatRequest, Gateway, GatewayError, completion
+from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_program
 from pettingllms_verl.config import ProgramConfig
 from pettingllms_verl.rollout.episode import ERRORS, EngineDead, Episode, PromptTooLong, Sample, best_branch
 from pettingllms_verl.targets import load_target

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from test_agents import EXAMPLE
+from test_programs import EXAMPLE
 from test_mas_e2e import RECIPES, artifacts, dumped_rows, run_recipe  # noqa: F401 (artifacts: the module's fixture)
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ import random
 import aiohttp
 import pytest
 
-from pettingllms_verl.agents.episode import DIVERGED_NODE, Reply, play_program
-from pettingllms_verl.agents.gateway import Gateway, GatewayError, parse_request
-from pettingllms_verl.agents.program import Outcome, ProgramFailed, outcome
+from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, play_program
+from pettingllms_verl.programs.gateway import Gateway, GatewayError, parse_request
+from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome
 from pettingllms_verl.config import ProgramConfig, SettingsError, load
 from pettingllms_verl.rollout.episode import ERRORS, PromptTooLong
 

@@ -1,4 +1,4 @@
-"""``python -m pettingllms_verl.agents.runner module:function``: one run of a team program written
+"""``python -m pettingllms_verl.programs.runner module:function``: one run of a team program written
 as a Python function (``pettingllms.program.target``), in the process ``program.run_program`` starts.
 
 The function is called as ``fn(task, client)``: ``task`` the problem (the dataset row's env, seed
@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from pettingllms_verl.agents.program import TASK_VARIABLE
+from pettingllms_verl.programs.program import TASK_VARIABLE
 from pettingllms_verl.targets import load_target
 
 
@@ -36,7 +36,7 @@ class Client:
 
 def main(argv: list[str]) -> None:
     if len(argv) != 2:
-        sys.exit("usage: python -m pettingllms_verl.agents.runner module:function (PETTINGLLMS_TASK, OPENAI_BASE_URL and OPENAI_API_KEY set)")
+        sys.exit("usage: python -m pettingllms_verl.programs.runner module:function (PETTINGLLMS_TASK, OPENAI_BASE_URL and OPENAI_API_KEY set)")
     fn = load_target(argv[1])
     task = json.loads(os.environ[TASK_VARIABLE])
     client = Client(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"])
