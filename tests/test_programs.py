@@ -160,7 +160,7 @@ def test_every_call_of_a_run_is_a_sample_numbered_per_agent_with_its_agents_rewa
     assert all(s.chosen and s.node == "" and s.global_reward == (writer_reward + 1.0) / 2 for s in episode.samples)
     # the checker's prompt holds the writer's reply as the program received it
     assert render([{"role": "user", "content": f"check {bytes(episode.samples[0].response_ids).decode()!r}"}]) == episode.samples[1].prompt_ids
-    assert episode.program == {"runs": 1, "replayed_calls": 0, "diverged": 0}
+    assert episode.program == {"runs": 1, "calls": 4, "replayed_calls": 0, "diverged": 0}
 
 
 def test_a_sync_program_gives_the_team_reward_and_its_sampling_values_reach_the_model():
@@ -237,7 +237,7 @@ def test_a_tree_branches_each_call_k_ways_by_replaying_the_chosen_prefix():
         path = f"{path}.{best}" if path else str(best)
     # node 0: K runs; each later node: the chosen run goes on, K - 1 replays serve its first j calls from the cache
     assert episode.program["runs"] == k + 3 * (k - 1)
-    assert episode.program["replayed_calls"] == (k - 1) * (1 + 2 + 3)
+    assert episode.program["replayed_calls"] == (k - 1) * (1 + 2 + 3) and episode.program["calls"] == 4 * (k + 3 * (k - 1))
     assert model.calls == 4 * k + (k - 1) * (3 + 2 + 1)  # every run samples from its node's call on
 
 

@@ -2,10 +2,15 @@
 client, ``examples/agents/plan_path_openai.py``), each agent on its own policy, its calls served
 through the gateway by the rollout's servers and trained with AT-GRPO."""
 
+import html
+import json
 import os
+import sys
 from collections import Counter, defaultdict
 
 import pytest
+
+import launch
 
 from test_programs import EXAMPLE
 from test_mas_e2e import RECIPES, artifacts, dumped_rows, run_recipe  # noqa: F401 (artifacts: the module's fixture)
@@ -38,6 +43,31 @@ def test_a_program_trains_a_full_model_and_an_adapter_with_tree_sampling_by_repl
     for group in groups.values():
         assert len({(row["mas_role"], row["mas_turn"], row["mas_node"]) for row in group}) == 1
         assert sum(row["mas_chosen"] for row in group) == 1
+
+    # pettingllms-eval plays the trained program as trained and with the two policies swapped; the viewer shows its calls per agent
+    out = artifacts / "program_eval"
+    checkpoints = artifacts / "checkpoints" / "plan_path_program_cpu"
+    result = launch.run(
+        [sys.executable, "-m", "pettingllms_verl.eval", f"team=plan_path_program_cpu@{checkpoints}", "--select", "latest",
+         "--split", "val", "--episodes", "2", "--out", str(out), "--recipes", RECIPES, "--set", PROGRAM,
+         "--set", "+pettingllms.policies.plan_policy.adapter.rank=8"],
+        timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {row["swapped"]: row for row in json.load(open(out / "results.json"))["rows"]}
+    assert set(rows) == {False, True} and rows[True]["swap"] == ["plan_policy", "tool_policy"]
+    assert rows[False]["method"] == "program (per-role policies, mixed)" and all(row["episodes"] == 2 for row in rows.values())
+    episodes = [json.loads(line) for line in open(out / "episodes.jsonl")]
+    assert len(episodes) == 4 and all(e["workflow"] == "program" and e["program"]["runs"] == 1 for e in episodes)
+    for episode in episodes:
+        served = {"tool": ["tool_policy"], "plan": ["plan_policy"]}
+        assert episode["served_by"] == (served if not episode["swapped"] else {"tool": ["plan_policy"], "plan": ["tool_policy"]})
+        assert [s["role"] for s in episode["samples"]][:2] == ["tool", "plan"]
+    page = out / "episodes.html"
+    assert launch.run([sys.executable, "-m", "pettingllms_verl.eval.viewer", str(out / "episodes.jsonl"), "--out", str(page)]).returncode == 0
+    shown = page.read_text()
+    assert "<th>tool (tool_policy)</th><th>plan (plan_policy)</th>" in shown  # a column per agent, with its policy
+    assert all(html.escape(s["reply"]) in shown for e in episodes for s in e["samples"])  # every call's reply, escaped
 
 
 def test_a_program_on_one_shared_policy_with_independent_runs(artifacts):

@@ -220,15 +220,17 @@ def usable_cores() -> int:
 
 
 def method_of(cfg: DictConfig) -> str:
-    """What the table calls the run's team: SA, MAS with one shared policy, or per-role policies."""
+    """What the table calls the run's team: SA, MAS with one shared policy, or per-role policies
+    (a team program: "program" for MAS)."""
     settings = load(cfg.get(SECTION))
-    if settings.workflow == "sa":
+    if settings.workflow == "sa" and not settings.program.enabled:
         return "SA"
+    team = "program" if settings.program.enabled else "MAS"
     table = settings.policy_table()
     if len(table) == 1:
-        return "MAS (shared policy)"
+        return f"{team} (shared policy)"
     kind = "LoRA" if all(p.adapter is not None for p in table.values()) else "full models" if all(p.adapter is None for p in table.values()) else "mixed"
-    return f"MAS (per-role policies, {kind})"
+    return f"{team} (per-role policies, {kind})"
 
 
 def data_env(data_file: str) -> str:

@@ -177,11 +177,12 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
                        render: Render, sample: SampleReply) -> Episode:
     """Play one episode of the program (K = 1: one run; K > 1: the replay tree above)."""
     agents = tuple(agents)
-    episode = Episode(program={"runs": 0, "replayed_calls": 0, "diverged": 0})
+    episode = Episode(program={"runs": 0, "calls": 0, "replayed_calls": 0, "diverged": 0})
 
     async def runs(prefix: dict, count: int) -> list[Finished]:
         done = await asyncio.gather(*(_run_once(config, task, agents, door, render, sample, prefix) for _ in range(count)))
         episode.program["runs"] += count
+        episode.program["calls"] += sum(len(f.run.calls) for f in done)
         episode.program["replayed_calls"] += sum(c.replayed for f in done for c in f.run.calls)
         _times(episode, done)
         return list(done)

@@ -245,7 +245,8 @@ class EpisodeAgentLoop(AgentLoopBase):
         ]
         record = {
             "env": env_name, "seed": seed, "task": task, "validate": validate, "swapped": swapped, "policies": policies, "served_by": served_by,
-            "workflow": self.settings.workflow,
+            "workflow": "program" if self.settings.program.enabled else self.settings.workflow,
+            "program": episode.program,  # a team program's runs, replayed calls and diverged replays (None: an env's episode)
             "success": episode.success, "end_cause": episode.end_cause, "error": self._error_text(episode), "turns": episode.turns,
             "final_global_reward": episode.final_global_reward, "started_at": started_at, "finished_at": time.time(),
             "start": episode.start, "samples": samples,

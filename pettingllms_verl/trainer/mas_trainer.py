@@ -85,6 +85,7 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
         programs = [t["mas_program"] for t in ends if t.get("mas_program")]
         if programs:  # team programs (programs/episode.py): runs per episode, replays that asked something else
             metrics["mas/program/runs_mean"] = float(np.mean([p["runs"] for p in programs]))
+            metrics["mas/program/calls"] = float(sum(p["calls"] for p in programs))  # through the gateway, replayed ones included
             metrics["mas/program/replayed_calls"] = float(sum(p["replayed_calls"] for p in programs))
             metrics["mas/program/replay_diverged"] = float(sum(p["diverged"] for p in programs))
     replies = [t for t in tags if not t.get("mas_placeholder")]
