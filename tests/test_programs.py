@@ -308,3 +308,37 @@ def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_t
     assert [(s.role, s.turn, s.prompt_ids, s.response_ids) for s in ours.samples] == [
         (s.role, s.turn, s.prompt_ids, s.response_ids) for s in native.samples
     ]
+
+
+def test_the_math_team_solves_verifies_and_is_graded_by_math_verify():
+    """The LangGraph solver + verifier: an accepted right answer ends after one round with reward 1;
+    a rejected wrong one goes back to the solver with the verifier's words, up to max_turns rounds."""
+    problem = {"env": "math", "seed": 0, "task": {"problem": "What is 17 \\times 23?", "answer": "391"}, "env_kwargs": {"max_turns": 2}}
+    config = ProgramConfig(target=f"{EXAMPLES}/math_solver_verifier.py:team")
+
+    def scripted(replies: dict):
+        prompts = []
+
+        async def model(request, n, prompt_ids):
+            prompts.append((request.agent, request.messages[-1]["content"]))
+            text = replies[request.agent, n]
+            return Reply([ord(c) % 997 for c in text], [0.0] * len(text), {"role": "assistant", "content": text}, "stop")
+
+        return model, prompts
+
+    async def main(model):
+        door = Gateway()
+        await door.start()
+        try:
+            return await play_program(config, problem, ("solver", "verifier"), 1, 1.0, door, render, model)
+        finally:
+            await door.stop()
+
+    model, _ = scripted({("solver", 0): "17*23 = \\boxed{391}", ("verifier", 0): "ACCEPT"})
+    right = asyncio.run(main(model))
+    assert right.success and [(s.role, s.turn, s.reward) for s in right.samples] == [("solver", 0, 1.0), ("verifier", 0, 1.0)]
+    model, prompts = scripted({("solver", 0): "\\boxed{390}", ("verifier", 0): "REJECT: 17*23 ends in 1",
+                               ("solver", 1): "\\boxed{390}", ("verifier", 1): "REJECT"})
+    wrong = asyncio.run(main(model))
+    assert not wrong.success and [s.reward for s in wrong.samples] == [0.0] * 4
+    assert prompts[2] == ("solver", "What is 17 \\times 23?\n\nA previous solution was rejected: REJECT: 17*23 ends in 1")

@@ -290,6 +290,9 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
             rules = SMALL_DECK if deck[1] == "small" else FULL_DECK
             assert {key: task[key] for key in rules} == rules
 
+        if settings.program.enabled:  # the program reads the task and env_kwargs itself; its agents are its own
+            assert settings.program.target.startswith("examples/agents/") and (REPO / settings.program.target.split(":")[0]).is_file()
+            continue
         # the env accepts env_kwargs, the workflow has the configured turn budget and roles
         env = envs.make(env_name, **settings.env_kwargs)
         env.reset(seed=seed, task=task)
