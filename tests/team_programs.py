@@ -65,3 +65,11 @@ def hangs(task, client):
 def bad_reward(task, client):
     asyncio.run(client.openai().chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}]))
     return "lots"
+
+
+def parent_pid(task, client):
+    """Writes the pid of its parent process, then makes one call."""
+    with open(task["task"]["out"], "w") as f:
+        f.write(str(os.getppid()))
+    asyncio.run(client.openai().chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}]))
+    return 1.0

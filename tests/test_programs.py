@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import random
+import time
 
 import aiohttp
 import pytest
@@ -191,13 +192,19 @@ def test_a_program_past_its_time_limit_is_killed_with_its_children(tmp_path):
     pid_file = tmp_path / "pids"
     episode = play(program("hangs", time_limit_s=3), task={"pid_file": str(pid_file)})
     assert episode.end_cause == "program_timeout" and "time_limit_s=3" in str(episode.error)
-    for pid in map(int, pid_file.read_text().split()):
+    def running(pid: int) -> bool:
         try:
-            os.kill(pid, 0)
             with open(f"/proc/{pid}/stat") as f:  # gone, or a zombie awaiting its reaper
-                assert f.read().split(") ")[1].startswith("Z"), pid
-        except ProcessLookupError:
-            pass
+                return not f.read().split(") ")[1].startswith("Z")
+        except FileNotFoundError:
+            return False
+
+    run, child = map(int, pid_file.read_text().split())
+    assert not running(run)  # the run itself has exited when its episode ends
+    deadline = time.monotonic() + 60  # its child got SIGKILL with it: it dies as soon as the kernel gets to it
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(child)
 
 
 def test_a_command_program_reads_its_session_from_the_environment(tmp_path):
@@ -342,3 +349,32 @@ def test_the_math_team_solves_verifies_and_is_graded_by_math_verify():
     wrong = asyncio.run(main(model))
     assert not wrong.success and [s.reward for s in wrong.samples] == [0.0] * 4
     assert prompts[2] == ("solver", "What is 17 \\times 23?\n\nA previous solution was rejected: REJECT: 17*23 ends in 1")
+
+
+# --- runs forked from a warm process -----------------------------------------------------------------
+
+def test_a_function_programs_runs_are_forked_from_one_warm_server(tmp_path):
+    from pettingllms_verl.programs import program as programs
+
+    out = tmp_path / "ppid"
+    config = program("parent_pid")
+    assert play(config, task={"out": str(out)}).success
+    server = programs._servers[(config.target, os.environ.get("PETTINGLLMS_LAUNCH_DIR"))]
+    first = int(out.read_text())
+    assert first == server._process.pid != os.getpid() and server.fork_safe
+    assert play(config, task={"out": str(out)}).success and int(out.read_text()) == first  # the same server again
+
+
+def test_a_module_that_starts_threads_is_not_forked_from_and_one_that_fails_to_load_fails_its_runs(tmp_path):
+    threads = tmp_path / "threaded.py"
+    threads.write_text(
+        "import os, threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+        f"exec(open({PROGRAMS!r}).read())\n"
+    )
+    out = tmp_path / "ppid"
+    episode = play(ProgramConfig(target=f"{threads}:parent_pid"), task={"out": str(out)})
+    assert episode.success and int(out.read_text()) == os.getpid()  # spawned by this process, as a command is
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_framework_here\n\ndef team(task, client):\n    return 1.0\n")
+    episode = play(ProgramConfig(target=f"{broken}:team"))
+    assert episode.end_cause == "program_error" and "no_such_framework_here" in str(episode.error)

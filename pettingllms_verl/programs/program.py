@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pettingllms_verl.config import ProgramConfig
+from pettingllms_verl.programs.forks import ForkServer, ForkServerError
 
 TASK_VARIABLE = "PETTINGLLMS_TASK"
 # the directory main_ppo started in (set by the preflight, inherited by Ray's workers): programs
@@ -67,31 +68,88 @@ def command(config: ProgramConfig) -> list[str]:
     return list(config.command) if config.command else [sys.executable, "-m", "pettingllms_verl.programs.runner", str(config.target)]
 
 
-async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key: str) -> Any:
-    """Run the program once against ``base_url``; the JSON value of its last printed line.
-    Raises ``ProgramFailed``: program_timeout past ``time_limit_s``, program_error for a non-zero
-    exit or no JSON last line. Its processes are ended in every case, a left-behind child included."""
-    env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, TASK_VARIABLE: json.dumps(task), "PYTHONUNBUFFERED": "1"}
-    process = await asyncio.create_subprocess_exec(
-        *command(config), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=env, start_new_session=True, cwd=os.environ.get(LAUNCH_DIR),
-    )
+_servers: dict[tuple[str, str | None], ForkServer] = {}
+
+
+async def _read(fd: int) -> bytes:
+    """All of a pipe, to its end (every writer closed)."""
+    reader = asyncio.StreamReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
     try:
-        out, err = await asyncio.wait_for(process.communicate(), config.time_limit_s)
+        return await reader.read()
+    finally:
+        transport.close()
+
+
+async def _fork(config: ProgramConfig, variables: dict[str, str]) -> tuple[int, Any] | None:
+    """A run forked from the program's warm server: (its pid, its output to come), or None where
+    the module is not fork-safe."""
+    key = (str(config.target), os.environ.get(LAUNCH_DIR))
+    server = _servers.setdefault(key, ForkServer(*key))
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = await asyncio.to_thread(server.spawn, variables, out_w, err_w)
+    except ForkServerError as error:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise ProgramFailed("program_error", str(error)) from None
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    if pid is None:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        return None
+    return pid, asyncio.gather(_read(out_r), _read(err_r))
+
+
+async def _gone(pid: int) -> None:
+    """Until a killed forked run has exited (it is the fork server's child, reaped by the kernel)."""
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key: str) -> Any:
+    """Run the program once against ``base_url``; the JSON value of its last printed line. A
+    function program is forked from its warm server (``forks.py``), a command (or a module that is
+    not fork-safe) is started afresh. Raises ``ProgramFailed``: program_timeout past
+    ``time_limit_s``, program_error for a non-zero exit or no JSON last line. Its processes are
+    ended in every case, a left-behind child included."""
+    variables = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, TASK_VARIABLE: json.dumps(task)}
+    forked = await _fork(config, variables) if config.target else None
+    process = None
+    if forked is not None:
+        pid, output = forked
+    else:
+        process = await asyncio.create_subprocess_exec(
+            *command(config), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **variables, "PYTHONUNBUFFERED": "1"}, start_new_session=True, cwd=os.environ.get(LAUNCH_DIR),
+        )
+        pid, output = process.pid, process.communicate()
+    try:
+        out, err = await asyncio.wait_for(output, config.time_limit_s)
     except asyncio.TimeoutError:
         raise ProgramFailed("program_timeout", f"the program ran past pettingllms.program.time_limit_s={config.time_limit_s:g} s and was killed") from None
     finally:
         try:
-            os.killpg(process.pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        await process.wait()
+        if process is not None:
+            await process.wait()
+        else:
+            await _gone(pid)
     stderr = err.decode(errors="replace")[-OUTPUT_CHARS:]
-    if process.returncode != 0:
+    if process is not None and process.returncode != 0:
         raise ProgramFailed("program_error", f"the program exited with status {process.returncode}; its stderr ends:\n{stderr}")
     lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
     try:
         return json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
         last = lines[-1][:200] if lines else "nothing"
-        raise ProgramFailed("program_error", f"the program's last line must be its reward as JSON; it printed {last!r}") from None
+        raise ProgramFailed("program_error", f"the program's last line must be its reward as JSON; it printed {last!r}; its stderr ends:\n{stderr}") from None

@@ -1,5 +1,6 @@
 """``python -m pettingllms_verl.programs.runner module:function``: one run of a team program written
-as a Python function (``pettingllms.program.target``), in the process ``program.run_program`` starts.
+as a Python function (``pettingllms.program.target``), in a process of its own (``call`` is also
+what each run forked by ``forks.py`` does).
 
 The function is called as ``fn(task, client)``: ``task`` the problem (the dataset row's env, seed
 and task), ``client`` a ``Client`` with the run's ``base_url`` and ``api_key`` (``client.openai()``
@@ -34,16 +35,21 @@ class Client:
         return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **{"max_retries": 0, **kwargs})
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) != 2:
-        sys.exit("usage: python -m pettingllms_verl.programs.runner module:function (PETTINGLLMS_TASK, OPENAI_BASE_URL and OPENAI_API_KEY set)")
-    fn = load_target(argv[1])
+def call(fn) -> None:
+    """Call a program function on this process's run (its variables in the environment) and print
+    what it returns as JSON, the last line."""
     task = json.loads(os.environ[TASK_VARIABLE])
     client = Client(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"])
     result = fn(task, client)
     if inspect.isawaitable(result):
         result = asyncio.run(result)
     print(json.dumps(result), flush=True)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 2:
+        sys.exit("usage: python -m pettingllms_verl.programs.runner module:function (PETTINGLLMS_TASK, OPENAI_BASE_URL and OPENAI_API_KEY set)")
+    call(load_target(argv[1]))
 
 
 if __name__ == "__main__":
