@@ -515,3 +515,13 @@ def test_a_bad_team_program_names_the_key(tmp_path, plan_path_rows, monkeypatch,
     with pytest.raises(ConfigError) as error:
         check(team_program(tmp_path, plan_path_rows, **overrides))
     assert error.value.key == key and problem in str(error.value), str(error.value)
+
+
+def test_a_team_program_whose_framework_is_missing_names_the_extra_before_ray_starts(tmp_path, plan_path_rows, monkeypatch):
+    monkeypatch.delenv("PETTINGLLMS_LAUNCH_DIR", raising=False)
+    team = tmp_path / "team.py"
+    team.write_text("import no_such_agent_framework\n\nasync def team(task, client):\n    return 1.0\n")
+    with pytest.raises(ConfigError) as error:
+        check(team_program(tmp_path, plan_path_rows, **{"pettingllms.program.target": f"{team}:team"}))
+    assert error.value.key == "pettingllms.program.target"
+    assert "no_such_agent_framework" in str(error.value) and "pip install 'pettingllms-verl[agents]'" in str(error.value)
