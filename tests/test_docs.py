@@ -7,6 +7,7 @@ import functools
 import importlib.util
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,8 +77,34 @@ def help_text(module: str) -> str:
     return subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO, timeout=120).stdout
 
 
+def page_recipes(page: str) -> dict[str, str]:
+    """The recipes a page writes out in full: ``yaml`` blocks whose first line names the file (``# .../name.yaml``)."""
+    recipes = {}
+    for block in re.findall(r"```yaml\n(.*?)```", (REPO / page).read_text(), re.S):
+        name = re.match(r"# \S*?(\w+)\.yaml\n", block)
+        if name:
+            recipes[name[1]] = block
+    return recipes
+
+
+def recipe_folder(page: str, words: list[str], recipe: str, scratch) -> Path:
+    """Where a command's recipe is read from: its --config-path (``$PWD`` the repository), else the
+    package's recipes; a recipe the page itself writes out is added to a copy of that folder."""
+    folder = REPO / "recipes"  # the package's (pkg://pettingllms_verl.recipes) as in the repository
+    path = words[words.index("--config-path") + 1] if "--config-path" in words[:-1] else "pkg://"
+    if not path.startswith("pkg://"):
+        folder = Path(path.replace("$PWD", str(REPO)))
+    written = page_recipes(page)
+    if not (folder / f"{recipe}.yaml").is_file() and recipe in written:
+        copy = scratch / "recipes"
+        shutil.copytree(folder, copy, dirs_exist_ok=True)
+        (copy / f"{recipe}.yaml").write_text(written[recipe])
+        folder = copy
+    return folder
+
+
 @pytest.mark.parametrize("page, line, command", COMMANDS, ids=lambda value: str(value)[:40])
-def test_every_command_on_every_page_names_what_exists(page, line, command):
+def test_every_command_on_every_page_names_what_exists(page, line, command, tmp_path):
     """Each command's make target, module (and its flags), script, recipe and Hydra keys exist (the
     quickstart itself runs in tests/test_quickstart_e2e.py): a renamed target, flag, recipe or key
     fails here with the page and line."""
@@ -101,10 +128,11 @@ def test_every_command_on_every_page_names_what_exists(page, line, command):
     for index, word in enumerate(words):
         if word == "--config-name" and index + 1 < len(words):
             recipe = words[index + 1]
-            assert (REPO / "recipes" / f"{recipe}.yaml").is_file(), f"{where}: no recipe {recipe}"
+            folder = recipe_folder(page, words, recipe, tmp_path)
+            assert (folder / f"{recipe}.yaml").is_file(), f"{where}: no recipe {recipe} in {folder}"
             overrides = [w for w in words[index + 2:] if "=" in w and not w.startswith("-") and "$" not in w]
             try:
-                runs.compose(recipe, overrides, REPO / "recipes")  # an unknown key or a bad value fails here
+                runs.compose(recipe, overrides, folder)  # an unknown key or a bad value fails here
             except runs.EvalError as error:
                 raise AssertionError(f"{where}: {error}") from None
         if word.endswith((".py", ".sh")) and "/" in word and not word.startswith(("$", "<")):
