@@ -378,3 +378,29 @@ def test_a_module_that_starts_threads_is_not_forked_from_and_one_that_fails_to_l
     broken.write_text("import no_such_framework_here\n\ndef team(task, client):\n    return 1.0\n")
     episode = play(ProgramConfig(target=f"{broken}:team"))
     assert episode.end_cause == "program_error" and "no_such_framework_here" in str(episode.error)
+
+
+def test_a_reply_with_a_tool_call_reaches_the_program_as_tool_calls(tiny_model_dir):
+    """Where the request offered tools, verl's hermes parser reads calls out of the sampled ids; the
+    program gets them as tool_calls (with ids a replay repeats), the rest as text."""
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    from pettingllms_verl.programs.episode import assistant_reply
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    parser = ToolParser.get_tool_parser("hermes", tokenizer)
+    tools = [{"type": "function", "function": {"name": "move", "parameters": {"type": "object"}}}]
+    request = parse_request({"model": "writer", "messages": [{"role": "user", "content": "go"}], "tools": tools, "temperature": 0}, AGENTS)
+    ids = tokenizer.encode('ok <tool_call>{"name": "move", "arguments": {"to": "R"}}</tool_call>')
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    reply = asyncio.run(assistant_reply(request, 2, ids, [0.0] * len(ids), 100, decode, parser, tokenizer.all_special_tokens))
+    assert reply.finish_reason == "tool_calls" and reply.response_ids == ids and reply.temperature == 1.0  # greedy: scored at 1
+    assert reply.message["tool_calls"] == [{"id": "call_writer_2_0", "type": "function", "function": {"name": "move", "arguments": '{"to": "R"}'}}]
+    assert reply.message["content"].strip() == "ok"
+    plain = parse_request({"model": "writer", "messages": [{"role": "user", "content": "go"}]}, AGENTS)
+    text = asyncio.run(assistant_reply(plain, 0, ids[:3], [0.0] * 3, 3, decode, None))
+    assert text.message == {"role": "assistant", "content": decode(ids[:3])} and text.finish_reason == "length" and text.temperature is None

@@ -51,6 +51,28 @@ class Reply:
     temperature: float | None = None
 
 
+async def assistant_reply(request: ChatRequest, n: int, ids: list[int], log_probs: list[float], max_tokens: int,
+                          decode: Callable[[list[int]], str], parser: Any, special_tokens: Sequence[str] = ()) -> Reply:
+    """The sampled ids of call ``n`` as the program receives them: the decoded text, or, where the
+    request offered tools and the tool parser (verl's ``ToolParser``) finds calls in the ids, those
+    calls as ``tool_calls`` (ids ``call_<agent>_<n>_<i>``: the same on a replay) beside the rest of
+    the text. ``finish_reason``: tool_calls, length (the reply used its whole budget) or stop."""
+    message: dict[str, Any] = {"role": "assistant", "content": decode(ids)}
+    finish = "length" if len(ids) >= max_tokens else "stop"
+    if request.tools and parser is not None:
+        content, calls = await parser.extract_tool_calls(ids, request.tools)
+        if calls:
+            for token in special_tokens:  # the parser decodes them; the program gets text
+                content = content.replace(token, "")
+            message = {"role": "assistant", "content": content.strip() or None, "tool_calls": [
+                {"id": f"call_{request.agent}_{n}_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for i, c in enumerate(calls)
+            ]}
+            finish = "tool_calls"
+    temperature = request.sampling.get("temperature")
+    return Reply(ids, log_probs, message, finish, None if temperature is None else (temperature if temperature > 0 else 1.0))
+
+
 # (messages, tools) -> prompt token ids, exactly as templated; raises PromptTooLong
 Render = Callable[[list[dict], list[dict] | None], list[int]]
 # (request, call number, prompt ids) -> one reply of the request's agent

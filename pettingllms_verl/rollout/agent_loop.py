@@ -22,7 +22,7 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from pettingllms_verl import envs
-from pettingllms_verl.programs.episode import Reply, play_program
+from pettingllms_verl.programs.episode import Reply, assistant_reply, play_program
 from pettingllms_verl.programs.gateway import ChatRequest, gateway
 from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
@@ -199,21 +199,9 @@ class EpisodeAgentLoop(AgentLoopBase):
             params = {**self._sampling(sampling_params, request.agent, validate), **request.sampling}
             params["max_tokens"] = min(int(params.get("max_tokens", self.response_length)), self.response_length)
             ((ids, log_probs),) = await generate(request.agent, prompt_ids, 1, params)
-            ids = list(ids)
-            message: dict[str, Any] = {"role": "assistant", "content": self.decode(ids)}
-            finish = "length" if len(ids) >= params["max_tokens"] else "stop"
-            if request.tools:
-                content, calls = await self._tool_parser().extract_tool_calls(ids, request.tools)
-                if calls:
-                    for token in self.tokenizer.all_special_tokens:  # the parser decodes them; the program gets text
-                        content = content.replace(token, "")
-                    message = {"role": "assistant", "content": content.strip() or None, "tool_calls": [
-                        {"id": f"call_{request.agent}_{n}_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                        for i, c in enumerate(calls)
-                    ]}
-                    finish = "tool_calls"
-            temperature = request.sampling.get("temperature")
-            return Reply(ids, list(log_probs), message, finish, None if temperature is None else (temperature if temperature > 0 else 1.0))
+            parser = self._tool_parser() if request.tools else None
+            return await assistant_reply(request, n, list(ids), list(log_probs), params["max_tokens"], self.decode, parser,
+                                         self.tokenizer.all_special_tokens)
 
         return await play_program(config, problem, list(self.settings.roles), self.settings.branches(validate), self.settings.alpha,
                                   door, self.render, sample)
