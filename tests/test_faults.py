@@ -173,8 +173,8 @@ def test_the_fault_budget_is_a_share_of_episodes_and_names_counts_and_first_trac
         tally.add(cause, error)
     assert tally.share == 0.5  # a truncation is no fault
     tally.check(budget=0.5, where="training step 3")  # at the budget: the faults cost their episodes only
-    assert tally.metrics() == {"mas/fault_share": 0.5, "mas/fault_share/engine_error": 0.0, "mas/fault_share/env_error": 0.5,
-                               "mas/fault_share/engine_dead": 0.0}
+    assert tally.metrics() == {"mas/fault_share": 0.5, **{f"mas/fault_share/{cause}": 0.5 if cause == "env_error" else 0.0 for cause in ERRORS}}
+    assert {"engine_error", "env_error", "engine_dead", "program_error", "program_timeout"} <= set(ERRORS)
     tally.add("engine_error", "Traceback C")
     with pytest.raises(RunStopped) as stop:
         tally.check(budget=0.5, where="training step 3")
