@@ -73,3 +73,11 @@ def parent_pid(task, client):
         f.write(str(os.getppid()))
     asyncio.run(client.openai().chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}]))
     return 1.0
+
+
+def chatty(task, client):
+    """Prints 8 MB before its one call and its reward."""
+    for _ in range(8):
+        print("x" * (1 << 20))
+    asyncio.run(client.openai().chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}]))
+    return 0.5

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import random
+import sys
 import time
 
 import aiohttp
@@ -404,3 +405,27 @@ def test_a_reply_with_a_tool_call_reaches_the_program_as_tool_calls(tiny_model_d
     plain = parse_request({"model": "writer", "messages": [{"role": "user", "content": "go"}]}, AGENTS)
     text = asyncio.run(assistant_reply(plain, 0, ids[:3], [0.0] * 3, 3, decode, None))
     assert text.message == {"role": "assistant", "content": decode(ids[:3])} and text.finish_reason == "length" and text.temperature is None
+
+
+@pytest.mark.parametrize("spawned", [False, True])
+def test_a_program_that_prints_without_end_costs_a_bounded_tail(tmp_path, spawned):
+    """Only the last OUTPUT_BYTES of a run's output are kept, forked or spawned; its reward, the last line, is read."""
+    if spawned:  # the same program as a command
+        config = ProgramConfig(command=[sys.executable, "-m", "pettingllms_verl.programs.runner", f"{PROGRAMS}:chatty"])
+    else:
+        config = program("chatty")
+    episode = play(config)
+    assert episode.end_cause is None and [s.reward for s in episode.samples] == [0.5]
+
+
+def test_a_runs_output_is_kept_to_its_last_bytes():
+    from pettingllms_verl.programs.program import OUTPUT_BYTES, _tail
+
+    async def main():
+        reader = asyncio.StreamReader()
+        for i in range(3):
+            reader.feed_data(bytes([65 + i]) * OUTPUT_BYTES)
+        reader.feed_eof()
+        return await _tail(reader)
+
+    assert asyncio.run(main()) == b"C" * OUTPUT_BYTES

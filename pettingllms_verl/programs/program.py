@@ -26,6 +26,7 @@ TASK_VARIABLE = "PETTINGLLMS_TASK"
 # run there, so a relative program file or command reads as it did on the command line
 LAUNCH_DIR = "PETTINGLLMS_LAUNCH_DIR"
 OUTPUT_CHARS = 4000  # the tail of a failed program's stderr kept in its error
+OUTPUT_BYTES = 1 << 20  # of each of a run's stdout and stderr, the last this many bytes are kept (a program may print without end)
 
 
 class ProgramFailed(Exception):
@@ -71,12 +72,20 @@ def command(config: ProgramConfig) -> list[str]:
 _servers: dict[tuple[str, str | None], ForkServer] = {}
 
 
+async def _tail(reader: asyncio.StreamReader) -> bytes:
+    """A stream to its end (every writer closed), of which the last ``OUTPUT_BYTES`` are kept."""
+    kept = b""
+    while chunk := await reader.read(1 << 16):
+        kept = (kept + chunk)[-OUTPUT_BYTES:]
+    return kept
+
+
 async def _read(fd: int) -> bytes:
-    """All of a pipe, to its end (every writer closed)."""
+    """A pipe to its end, its last ``OUTPUT_BYTES``."""
     reader = asyncio.StreamReader()
     transport, _ = await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
     try:
-        return await reader.read()
+        return await _tail(reader)
     finally:
         transport.close()
 
@@ -130,7 +139,7 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
             *command(config), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, **variables, "PYTHONUNBUFFERED": "1"}, start_new_session=True, cwd=os.environ.get(LAUNCH_DIR),
         )
-        pid, output = process.pid, process.communicate()
+        pid, output = process.pid, asyncio.gather(_tail(process.stdout), _tail(process.stderr))
     try:
         out, err = await asyncio.wait_for(output, config.time_limit_s)
     except asyncio.TimeoutError:
