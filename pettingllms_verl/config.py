@@ -151,7 +151,7 @@ class ProgramConfig:
     Each of its calls names an agent in ``model``; the agents are the recipe's ``roles``."""
 
     target: Optional[str] = key("the team program, 'module:function' or 'file.py:function' (sync or async): fn(task, client) -> reward; run in a process of its own per episode")
-    command: Optional[List[str]] = key("or a command (any language): reads OPENAI_BASE_URL, OPENAI_API_KEY and PETTINGLLMS_TASK from its environment, prints its reward as the last line")
+    command: Optional[List[str]] = key("or a command (any language): reads OPENAI_BASE_URL, OPENAI_API_KEY and PETTINGLLMS_TASK_FILE (the task, a JSON file) from its environment, prints its reward as the last line")
     reward: Optional[str] = key("optional 'module:function': fn(task=, transcript=, output=) -> reward, over the recorded calls (replaces what the program returns)")
     success_at: float = key("an episode counts as solved when its team reward (or the mean of its agents' rewards) reaches this", 1.0)
     time_limit_s: float = key("wall time a program run may take; past it its processes are killed and the episode is lost (program_timeout)", 300.0)

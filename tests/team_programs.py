@@ -81,3 +81,31 @@ def chatty(task, client):
         print("x" * (1 << 20))
     asyncio.run(client.openai().chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}]))
     return 0.5
+
+
+def prints_then_raises(task, client):
+    asyncio.run(client.openai().chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}]))
+    print(1.0)
+    raise RuntimeError("after its reward")
+
+
+async def leaves_a_child(task, client):
+    """Starts a child that keeps its output open, then returns at once."""
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    await client.openai().chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}])
+    return 0.25
+
+
+async def concurrent_agents(task, client):
+    """Writer and checker at once, twice each (replayable: each agent's calls in order)."""
+    ai = client.openai()
+
+    async def agent(name):
+        text = ""
+        for i in range(2):
+            reply = await ai.chat.completions.create(model=name, messages=[{"role": "user", "content": f"{name} {i} {text}"}])
+            text = reply.choices[0].message.content
+        return text
+
+    writer, checker = await asyncio.gather(agent("writer"), agent("checker"))
+    return {"writer": float(writer.count("1")), "checker": float(checker.count("2"))}

@@ -212,7 +212,7 @@ def test_a_command_program_reads_its_session_from_the_environment(tmp_path):
     script = tmp_path / "team.py"
     script.write_text(
         "import json, os\nfrom openai import OpenAI\n"
-        "task = json.loads(os.environ['PETTINGLLMS_TASK'])\n"
+        "task = json.load(open(os.environ['PETTINGLLMS_TASK_FILE']))\n"
         "ai = OpenAI(max_retries=0)\n"  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
         "r = ai.chat.completions.create(model='checker', messages=[{'role': 'user', 'content': str(task['seed'])}])\n"
         "print('chatter first')\nprint(json.dumps({'checker': 0.25}))\n"
@@ -429,3 +429,52 @@ def test_a_runs_output_is_kept_to_its_last_bytes():
         return await _tail(reader)
 
     assert asyncio.run(main()) == b"C" * OUTPUT_BYTES
+
+
+def test_a_forked_run_that_raises_after_printing_a_reward_is_a_program_error():
+    episode = play(program("prints_then_raises"))
+    assert episode.end_cause == "program_error" and "after its reward" in str(episode.error)
+
+
+@pytest.mark.parametrize("spawned", [False, True])
+def test_a_run_that_returns_leaving_a_child_is_over_when_it_exits(spawned):
+    """Its reward counts (no timeout), and the child it left is killed with its group."""
+    config = program("leaves_a_child", time_limit_s=60)
+    if spawned:
+        config = ProgramConfig(command=[sys.executable, "-m", "pettingllms_verl.programs.runner", config.target], time_limit_s=60)
+    started = time.monotonic()
+    episode = play(config)
+    assert episode.end_cause is None and [s.reward for s in episode.samples] == [0.25]
+    assert time.monotonic() - started < 55  # over when the program returned, not at its limit
+
+
+def test_a_large_task_reaches_the_program():
+    task = {"tests": "x" * (1 << 20)}  # more than an environment variable or a socket message holds
+    seen = []
+
+    async def model(request, n, prompt_ids):
+        seen.append(request.messages[-1]["content"])
+        return Reply([49], [0.0], {"role": "assistant", "content": "1"}, "stop")
+
+    episode = play(program("team_number"), model=model, task=task)
+    assert episode.success and seen == ["go"]
+
+
+def test_a_tree_over_agents_that_run_together_branches_each_call_once():
+    """Replayed calls return at once and reorder a run's calls; nodes are chosen by key, so no reply
+    is a node twice and every call of the chosen run is branched."""
+    k = 2
+
+    class Slow(Model):
+        async def __call__(self, request, n, prompt_ids):
+            await asyncio.sleep(0.05 if request.agent == "writer" else 0.03)
+            return await super().__call__(request, n, prompt_ids)
+
+    episode = play(program("concurrent_agents"), k=k, model=Slow(seed=3))
+    assert episode.end_cause is None and episode.program["diverged"] == 0
+    nodes: dict[str, list] = {}
+    for s in episode.samples:
+        nodes.setdefault(s.node, []).append(s)
+    keys = [(branches[0].role, branches[0].turn) for branches in nodes.values()]
+    assert sorted(keys) == [("checker", 0), ("checker", 1), ("writer", 0), ("writer", 1)]  # each call once
+    assert all(len(branches) == k and len({tuple(s.prompt_ids) for s in branches}) == 1 for branches in nodes.values())

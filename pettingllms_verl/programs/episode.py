@@ -102,6 +102,7 @@ class Run:
     prefix: dict[tuple[str, int], Call] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)  # in order of arrival
     diverged: bool = False
+    closed: bool = False  # the run has ended: a call still in flight is answered 404 and recorded nowhere
     fault: tuple[str, BaseException] | None = None  # (cause, error): an engine fault, a call over max_calls, a prompt over budget
     _counts: dict[str, int] = field(default_factory=dict)
 
@@ -118,6 +119,8 @@ class Run:
         except PromptTooLong as error:
             self.fault = self.fault or ("prompt_overflow", error)
             raise GatewayError(400, str(error), "context_length_exceeded") from None
+        except Exception as error:  # the chat template refuses these messages (a role order it does not know, ...)
+            raise GatewayError(400, f"the policy's chat template cannot render these messages: {error!r}") from None
         cached = None if self.diverged else self.prefix.get((agent, n))
         if cached is not None and cached.prompt_ids != prompt_ids:
             self.diverged, cached = True, None  # asked something else given the same replies: not replayable
@@ -131,6 +134,8 @@ class Run:
                 self.fault = self.fault or ("engine_dead" if isinstance(error, EngineDead) else "engine_error", error)
                 raise GatewayError(500, f"the model call failed: {error!r}", "server_error") from None
             call = Call(agent, n, request, prompt_ids, reply, replayed=False, generate_s=time.perf_counter() - started)
+        if self.closed:  # the program ended (or gave up on this call) while it was sampled
+            raise GatewayError(404, "this run has ended", "not_found")
         self.calls.append(call)
         return completion(agent, f"{agent}-{n}", call.reply.message, call.reply.finish_reason, len(prompt_ids), len(call.reply.response_ids))
 
@@ -165,6 +170,7 @@ async def _run_once(config: ProgramConfig, task: dict, agents: tuple[str, ...], 
     except Exception as error:  # the user's reward function
         result, fault = None, run.fault or ("program_error", error)
     finally:
+        run.closed = True
         door.close(token)  # from here its token is unknown: a late call is answered 404, recorded nowhere
     if fault is not None and fault[0] in ERRORS:
         result = None
@@ -218,17 +224,18 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
         return episode
 
     branches = await runs({}, k)
-    path, j = "", 0
+    path, played = "", []  # the keys of the nodes so far, in order
     while True:
         failed = next((f for f in branches if f.outcome is None), None)
         if failed is not None:  # a fault ends the episode where it happened; the nodes before keep their samples
             _end(episode, failed)
             return episode
-        reference = branches[0].run.calls
-        if j >= len(reference):  # the chosen run made no more calls: the episode is over
+        # the node: the chosen run's first call (in arrival order) that no earlier node branched; by key,
+        # not position, since replayed calls return at once and agents that run together reorder
+        at = next((c for c in branches[0].run.calls if (c.agent, c.n) not in played), None)
+        if at is None:  # the chosen run made no more calls: the episode is over
             _end(episode, branches[0])
             return episode
-        at = reference[j]
         kept: list[tuple[int, Finished, Call]] = []
         for index, finished in enumerate(branches):
             own = finished.run.keyed().get((at.agent, at.n))
@@ -246,12 +253,12 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
             node_sample = _sample(call, path, branch, reward, finished.outcome, alpha)
             node_sample.chosen = branch == best
             episode.samples.append(node_sample)
-        episode.turns = j + 1
+        played.append((at.agent, at.n))
+        episode.turns = len(played)
         chosen = kept[best][1]
         path = f"{path}.{best}" if path else str(best)
-        j += 1
-        if j >= len(chosen.run.calls):
+        calls = chosen.run.keyed()
+        if all(key in played for key in calls):
             _end(episode, chosen)
             return episode
-        prefix = {(c.agent, c.n): c for c in chosen.run.calls[:j]}
-        branches = [chosen, *await runs(prefix, k - 1)]
+        branches = [chosen, *await runs({key: calls[key] for key in played}, k - 1)]

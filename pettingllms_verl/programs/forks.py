@@ -43,6 +43,9 @@ class ForkServer:
         self.fork_safe = True
 
     def _start(self) -> None:
+        if self._sock is not None:  # the server died: let go of its socket and pipe
+            self._sock.close()
+            self._process.stderr.close()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(theirs.fileno()), self.target], pass_fds=(theirs.fileno(),), cwd=self.cwd,
@@ -94,6 +97,7 @@ def _child(fn, variables: dict, fds: list[int]) -> None:
         code = 0
     except BaseException:
         traceback.print_exc()
+        print("\n(the program raised: no reward)")  # its caller sees no exit status: a last line that is no reward
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -3,7 +3,7 @@
 A program runs in a process of its own (a new session, so its whole process group can be ended):
 ``python -m pettingllms_verl.programs.runner module:function`` for a function, or the recipe's
 command. Its environment carries ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (the run's gateway
-session) and ``PETTINGLLMS_TASK`` (the task as JSON). Its reward is the last line it prints, as
+session) and ``PETTINGLLMS_TASK_FILE`` (the path of the task as JSON). Its reward is the last line it prints, as
 JSON: a number (the team reward) or an object of agent name -> reward.
 """
 
@@ -15,17 +15,19 @@ import math
 import os
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pettingllms_verl.config import ProgramConfig
 from pettingllms_verl.programs.forks import ForkServer, ForkServerError
 
-TASK_VARIABLE = "PETTINGLLMS_TASK"
+TASK_VARIABLE = "PETTINGLLMS_TASK_FILE"  # the path of a JSON file holding the task
 # the directory main_ppo started in (set by the preflight, inherited by Ray's workers): programs
 # run there, so a relative program file or command reads as it did on the command line
 LAUNCH_DIR = "PETTINGLLMS_LAUNCH_DIR"
 OUTPUT_CHARS = 4000  # the tail of a failed program's stderr kept in its error
+OUTPUT_GRACE_S = 10.0  # after a run's group is killed, how long its pipes may take to close
 OUTPUT_BYTES = 1 << 20  # of each of a run's stdout and stderr, the last this many bytes are kept (a program may print without end)
 
 
@@ -99,10 +101,12 @@ async def _fork(config: ProgramConfig, variables: dict[str, str]) -> tuple[int, 
     err_r, err_w = os.pipe()
     try:
         pid = await asyncio.to_thread(server.spawn, variables, out_w, err_w)
-    except ForkServerError as error:
+    except BaseException as error:
         for fd in (out_r, err_r):
             os.close(fd)
-        raise ProgramFailed("program_error", str(error)) from None
+        if isinstance(error, (ForkServerError, OSError)):
+            raise ProgramFailed("program_error", f"the program could not be forked: {error}") from None
+        raise
     finally:
         os.close(out_w)
         os.close(err_w)
@@ -113,46 +117,59 @@ async def _fork(config: ProgramConfig, variables: dict[str, str]) -> tuple[int, 
     return pid, asyncio.gather(_read(out_r), _read(err_r))
 
 
-async def _gone(pid: int) -> None:
-    """Until a killed forked run has exited (it is the fork server's child, reaped by the kernel)."""
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        await asyncio.sleep(0.01)
+async def _exited(pid: int) -> None:
+    """Until a run's process has exited (a forked one is the fork server's child, reaped by the kernel)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
 
 
 async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key: str) -> Any:
     """Run the program once against ``base_url``; the JSON value of its last printed line. A
     function program is forked from its warm server (``forks.py``), a command (or a module that is
     not fork-safe) is started afresh. Raises ``ProgramFailed``: program_timeout past
-    ``time_limit_s``, program_error for a non-zero exit or no JSON last line. Its processes are
-    ended in every case, a left-behind child included."""
-    variables = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, TASK_VARIABLE: json.dumps(task)}
-    forked = await _fork(config, variables) if config.target else None
-    process = None
-    if forked is not None:
-        pid, output = forked
-    else:
-        process = await asyncio.create_subprocess_exec(
-            *command(config), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, **variables, "PYTHONUNBUFFERED": "1"}, start_new_session=True, cwd=os.environ.get(LAUNCH_DIR),
-        )
-        pid, output = process.pid, asyncio.gather(_tail(process.stdout), _tail(process.stderr))
-    try:
-        out, err = await asyncio.wait_for(output, config.time_limit_s)
-    except asyncio.TimeoutError:
-        raise ProgramFailed("program_timeout", f"the program ran past pettingllms.program.time_limit_s={config.time_limit_s:g} s and was killed") from None
-    finally:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if process is not None:
-            await process.wait()
+    ``time_limit_s``, program_error for a non-zero exit (a forked run that raised prints a last
+    line that is no reward) or no JSON last line. When the program exits, or at its time limit,
+    its process group is killed: a child it left behind goes with it."""
+    with tempfile.NamedTemporaryFile("w", prefix="pettingllms-task-", suffix=".json") as task_file:
+        json.dump(task, task_file)  # a file, not the environment: a code problem's tests can outgrow a variable
+        task_file.flush()
+        variables = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, TASK_VARIABLE: task_file.name}
+        forked = await _fork(config, variables) if config.target else None
+        process = None
+        if forked is not None:
+            pid, output = forked
         else:
-            await _gone(pid)
+            process = await asyncio.create_subprocess_exec(
+                *command(config), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, **variables, "PYTHONUNBUFFERED": "1"}, start_new_session=True, cwd=os.environ.get(LAUNCH_DIR),
+            )
+            pid, output = process.pid, asyncio.gather(_tail(process.stdout), _tail(process.stderr))
+        reading = asyncio.ensure_future(output)
+        try:  # its exit, by pidfd: asyncio's wait() also waits for the pipes, which a left-behind child holds
+            await asyncio.wait_for(_exited(pid), config.time_limit_s)
+        except asyncio.TimeoutError:
+            raise ProgramFailed("program_timeout", f"the program ran past pettingllms.program.time_limit_s={config.time_limit_s:g} s and was killed") from None
+        finally:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # what it left behind in its group
+            except ProcessLookupError:
+                pass
+            try:
+                out, err = await asyncio.wait_for(reading, OUTPUT_GRACE_S)  # the group is gone: its pipes close
+                if process is not None:
+                    await asyncio.wait_for(process.wait(), OUTPUT_GRACE_S)
+            except asyncio.TimeoutError:
+                out, err = b"", b"(a process outside the program's group kept its output open)"
     stderr = err.decode(errors="replace")[-OUTPUT_CHARS:]
     if process is not None and process.returncode != 0:
         raise ProgramFailed("program_error", f"the program exited with status {process.returncode}; its stderr ends:\n{stderr}")

@@ -38,7 +38,8 @@ class Client:
 def call(fn) -> None:
     """Call a program function on this process's run (its variables in the environment) and print
     what it returns as JSON, the last line."""
-    task = json.loads(os.environ[TASK_VARIABLE])
+    with open(os.environ[TASK_VARIABLE]) as f:
+        task = json.load(f)
     client = Client(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"])
     result = fn(task, client)
     if inspect.isawaitable(result):
@@ -48,7 +49,7 @@ def call(fn) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) != 2:
-        sys.exit("usage: python -m pettingllms_verl.programs.runner module:function (PETTINGLLMS_TASK, OPENAI_BASE_URL and OPENAI_API_KEY set)")
+        sys.exit("usage: python -m pettingllms_verl.programs.runner module:function (PETTINGLLMS_TASK_FILE, OPENAI_BASE_URL and OPENAI_API_KEY set)")
     call(load_target(argv[1]))
 
 

@@ -22,7 +22,7 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from pettingllms_verl import envs
-from pettingllms_verl.programs.episode import Reply, assistant_reply, play_program
+from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, assistant_reply, play_program
 from pettingllms_verl.programs.gateway import ChatRequest, gateway
 from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
@@ -51,7 +51,8 @@ def group_key(uid: str, session_id: int, sample: Sample, settings: PettingLLMsCo
     parts = {
         "turn": f"t{sample.turn}",
         "role": sample.role,
-        "node": f"s{session_id}:{sample.node}" if settings.rollout_mode == "tree" else "indep",
+        # a diverged replay's calls (programs/episode.py) train as an independent run's
+        "node": f"s{session_id}:{sample.node}" if settings.rollout_mode == "tree" and sample.node != DIVERGED_NODE else "indep",
     }
     return "|".join([uid, *(parts[name] for name in settings.group_by)])
 
