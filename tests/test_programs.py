@@ -478,3 +478,18 @@ def test_a_tree_over_agents_that_run_together_branches_each_call_once():
     keys = [(branches[0].role, branches[0].turn) for branches in nodes.values()]
     assert sorted(keys) == [("checker", 0), ("checker", 1), ("writer", 0), ("writer", 1)]  # each call once
     assert all(len(branches) == k and len({tuple(s.prompt_ids) for s in branches}) == 1 for branches in nodes.values())
+
+
+def test_a_diverged_replays_calls_meet_other_runs_calls_in_their_groups():
+    from pettingllms_verl.rollout.agent_loop import group_key
+    from pettingllms_verl.rollout.episode import Sample
+
+    settings = load({"roles": {"writer": {}}})  # tree mode
+    assert settings.rollout_mode == "tree"
+
+    def sample(node):
+        return Sample(prompt_ids=[1], response_ids=[2], log_probs=[0.0], turn=1, role="writer", node=node, branch=0,
+                      local_reward=0.0, global_reward=0.0, reward=0.0, parse_ok=True)
+
+    assert group_key("u", 3, sample(DIVERGED_NODE), settings) == group_key("u", 4, sample(DIVERGED_NODE), settings) == "u|t1|writer|indep"
+    assert group_key("u", 3, sample("0.1"), settings) == "u|t1|writer|s3:0.1"
