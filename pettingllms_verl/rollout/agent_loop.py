@@ -82,8 +82,9 @@ class EpisodeAgentLoop(AgentLoopBase):
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _sampling(self, base: dict[str, Any], role: str, validate: bool) -> dict[str, Any]:
-        params = {**base, **self.settings.sampling_overrides(role, validate)}
+    def _sampling(self, base: dict[str, Any], role: str, validate: bool, call: dict[str, Any] | None = None) -> dict[str, Any]:
+        """verl's sampling params with the role's overrides, then a program call's own values (``call``)."""
+        params = {**base, **self.settings.sampling_overrides(role, validate), **(call or {})}
         params["max_tokens"] = min(int(params.get("max_tokens", self.response_length)), self.response_length)
         return params
 
@@ -99,11 +100,12 @@ class EpisodeAgentLoop(AgentLoopBase):
         name, seed, task = row_task(kwargs["extra_info"])
         program = self.settings.program.enabled
         if program:
-            env, turn_order = None, tuple(self.settings.roles)  # a program's agents
+            env, workflow, turn_order = None, None, tuple(self.settings.roles)  # a program's agents
         else:
             env = envs.make(name, **self.settings.env_kwargs)
             env.reset(seed=seed, task=task)
-            turn_order = env.workflow(self.settings.workflow).turn_order
+            workflow = env.workflow(self.settings.workflow)
+            turn_order = workflow.turn_order
 
         # One request id per episode: the load balancer keeps an episode's K branches and later
         # turns on one replica of each policy (its prefix cache), and the policy's router picks it.
@@ -137,7 +139,6 @@ class EpisodeAgentLoop(AgentLoopBase):
             problem = {"env": name, "seed": seed, "task": task, "env_kwargs": dict(self.settings.env_kwargs)}
             episode = await self._play_program(problem, sampling_params, validate, generate)
         else:
-            workflow = env.workflow(self.settings.workflow)
             episode = await run_episode(
                 env,
                 workflow.turn_order,
@@ -197,8 +198,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         door = await gateway(config.host, config.max_request_bytes)
 
         async def sample(request: ChatRequest, n: int, prompt_ids: list[int]) -> Reply:
-            params = {**self._sampling(sampling_params, request.agent, validate), **request.sampling}
-            params["max_tokens"] = min(int(params.get("max_tokens", self.response_length)), self.response_length)
+            params = self._sampling(sampling_params, request.agent, validate, request.sampling)
             ((ids, log_probs),) = await generate(request.agent, prompt_ids, 1, params)
             parser = self._tool_parser() if request.tools else None
             return await assistant_reply(request, n, list(ids), list(log_probs), params["max_tokens"], self.decode, parser,
