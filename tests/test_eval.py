@@ -219,6 +219,27 @@ def test_on_cpu_the_evaluation_gives_the_rollout_server_every_core_and_a_set_sti
     assert not any("torch_threads" in arg for arg in runs.main_ppo_overrides(gpu, None, "/tmp/x"))
 
 
+def test_episodes_n_plays_the_splits_first_n_problems_in_every_run(env, tmp_path):
+    """``--episodes N`` through verl's own dataset: the first N problems, the same in every run. With
+    verl's default ``data.shuffle=true`` the subset was drawn unseeded, so two runs (a policy and its
+    swap, a method and its baseline) played different problems."""
+    from transformers import AutoTokenizer
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+
+    rows = generate_splits("plan_path", {"train": 1, "val": 1, "test": 40}, {"size": 6})["test"]
+    write_parquet(rows, str(tmp_path / "test.parquet"))
+    run = runs.Run("l", RECIPE, runs.compose(RECIPE, [], runs.RECIPES_DIR), "plan_path", str(tmp_path / "test.parquet"), None)
+    played = runs.compose(RECIPE, runs.main_ppo_overrides(run, 3, "/tmp/x"), runs.RECIPES_DIR)
+    tokenizer = AutoTokenizer.from_pretrained(str(env / "tiny_model_plan_path"))
+    first = [row["extra_info"]["seed"] for row in rows[:3]]
+    for _ in range(3):
+        dataset = create_rl_dataset(played.data.val_files, played.data, tokenizer, None, is_train=False, max_samples=played.data.val_max_samples)
+        assert [dataset.dataframe[i]["extra_info"]["seed"] for i in range(len(dataset.dataframe))] == first
+
+
 def test_swap_none_plays_no_swapped_pass_even_where_the_recipe_validates_swapped(env):
     """plan_path_mas_full_repro_cpu sets swap_policies for its validation in training; --swap none
     must drop it (before, its swapped episodes were played, doubling the run, and never reported)."""

@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", default="sa,mas", help="with --envs: sa, mas or both (default sa,mas)")
     parser.add_argument("--target", default="cpu", help="with --envs: the recipes' target suffix (cpu, smollm2_cpu, qwen3_1p7b, ...)")
     parser.add_argument("--split", default="test", help="the data split played, beside the recipe's val file (default test)")
-    parser.add_argument("--episodes", type=int, default=None, help="at most this many problems of the split per run (default all)")
+    parser.add_argument("--episodes", type=int, default=None, help="the first N problems of the split, the same ones for every run (default all)")
     parser.add_argument("--select", choices=("best-val", "latest"), default="best-val", help="which step of a run's checkpoint folder")
     parser.add_argument("--swap", help="two policies A,B to also play swapped, or none (default: the two policies of a two-policy recipe)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")

@@ -192,6 +192,9 @@ def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str, jobs: int =
         "trainer.val_before_train=true",
         f"data.val_files={run.data_file}",
         f"data.val_max_samples={episodes if episodes else -1}",
+        # verl draws a val_max_samples subset at random (unseeded) when data.shuffle is on, its default:
+        # every run would play other problems; off, each plays the split's first N, the same for all
+        "data.shuffle=false",
         f"pettingllms.paths.episode_log_dir={os.path.join(run_dir, 'episodes')}",
         "trainer.logger=[console,file]",
         f"trainer.experiment_name=eval_{run.label}",
