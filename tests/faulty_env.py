@@ -15,6 +15,7 @@ class FaultyPlanPath(PlanPathEnv):
         **PlanPathEnv.options,
         "fail_seeds": "the episodes of these seeds raise at the plan role's first step (every role has acted by then)",
         "fail_once_exists": "every step raises once this path exists (a run's checkpoint tracker: from the step after it)",
+        "fail_first_once": "a path: the first episode to create it (O_EXCL, across processes) raises before its first reply",
         "hold_dir": "each prompt writes <dir>/started, then waits until <dir>/go exists (up to 10 minutes)",
     }
 
@@ -24,6 +25,14 @@ class FaultyPlanPath(PlanPathEnv):
 
     def observation(self, role):
         # not in reset: the preflight resets an env before Ray starts, observation runs in episodes only
+        once = self.config.get("fail_first_once")
+        if once and self.turn == 0 and role == "tool":
+            try:
+                os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                raise RuntimeError(f"the environment broke before the first reply ({once})")
         hold = self.config.get("hold_dir")
         if hold:
             open(os.path.join(hold, "started"), "w").close()

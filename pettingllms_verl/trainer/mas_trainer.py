@@ -89,6 +89,7 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
             metrics["mas/program/replayed_calls"] = float(sum(p["replayed_calls"] for p in programs))
             metrics["mas/program/replay_diverged"] = float(sum(p["diverged"] for p in programs))
     replies = [t for t in tags if not t.get("mas_placeholder")]
+    metrics["mas/placeholder_rows"] = float(len(tags) - len(replies))  # episodes that failed before a reply: a row each, its own group
     metrics["mas/parse_failure_rate"] = float(np.mean([not t["mas_parse_ok"] for t in replies])) if replies else 0.0
     by_role: dict[str, list[float]] = defaultdict(list)
     sandbox: dict[str, Counter] = defaultdict(Counter)
@@ -458,12 +459,25 @@ class MASTrainer(PPOTrainerSync):
             with open_dict(actor):
                 actor.ppo_mini_batch_size = configured
 
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        """verl's step metrics read each row's weight versions as integers; an episode that failed
+        before its first reply sampled from no weights (``None``): its placeholder row counts as
+        fresh, sampled from the weights this step trains (version ``global_steps - 1``, staleness 0)."""
+        for tag in batch.tags:
+            for name in ("min_global_steps", "max_global_steps"):
+                if tag.get(name) is None:
+                    tag[name] = global_steps - 1
+        return super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+
     def _compute_advantage(self, batch, metrics: dict):
         real = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
         rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"])
         tags = [dict(t) for t in rows["extra_fields"]]
         if self.config.algorithm.adv_estimator == AT_GRPO:
             self._own_rewards_and_groups(batch, real, rows["rm_scores"], tags)
+            rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
+        elif any(tag.get("mas_placeholder") for tag in tags):
+            self._placeholders_apart(batch, real, tags)
             rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
         index = np.array(list(rows["uid"]), dtype=object)
         scores = torch.stack([s.sum() for s in rows["rm_scores"].unbind(0)])
@@ -492,6 +506,15 @@ class MASTrainer(PPOTrainerSync):
             own[-1] = tag["mas_reward"]  # verl's layout: the reward sits on the response's last token
             fields.append({"rm_scores": own, "uid": tag["mas_group"]})
         tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(fields))
+
+    @staticmethod
+    def _placeholders_apart(batch, keys: list[str], tags: list[dict]) -> None:
+        """Trajectory estimators (grpo, rloo, ...) group rows by the problem's uid: a failed episode's
+        placeholder row (reward 0, never trained) would enter its problem's baseline. It gets its own
+        group, its AT-GRPO one (``agent_loop.group_key``)."""
+        apart = [(key, tag) for key, tag in zip(keys, tags) if tag.get("mas_placeholder")]
+        tq.kv_batch_put(keys=[key for key, _ in apart], partition_id=batch.partition_id,
+                        fields=list_of_dict_to_tensordict([{"uid": tag["mas_group"]} for _, tag in apart]))
 
     def _dump_batch(self, dump_dir: str, batch, keys: list[str], index, scores: torch.Tensor, tags: list[dict]) -> None:
         """One JSON line per training row of this step, as the advantage step saw it."""
