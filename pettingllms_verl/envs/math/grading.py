@@ -95,12 +95,15 @@ def equivalent(gold: str | None, answer: str | None) -> bool:
 def _serve(conn: socket.socket, timeout_s: int) -> None:
     import logging
 
-    from math_verify import parse, verify
+    from math_verify import LatexExtractionConfig, parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # a timeout is an outcome here, not news
 
     def parsed(text: str):
-        return parse(f"\\boxed{{{text}}}", parsing_timeout=timeout_s)
+        # LaTeX extraction only: math-verify's default also reads plain expressions, which falls back
+        # on the last number of a text it cannot parse whole ("\lambda=2\sqrt{2}, A(\pm 1, 0)" became
+        # 0, equal to any answer ending in 0); unparsed, an answer is compared as text
+        return parse(f"\\boxed{{{text}}}", extraction_config=[LatexExtractionConfig()], parsing_timeout=timeout_s)
 
     # math-verify builds its LaTeX grammar at the first parse (~0.2 s idle, several times that on a
     # busy machine): do it before "ready", so a caller's per-answer budget covers grading only
