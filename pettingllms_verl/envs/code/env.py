@@ -1,10 +1,14 @@
 """Programming problems solved by a team: a tester that writes unit tests and a coder that writes
-a stdin/stdout program (problems of the APPS, CodeContests, LiveCodeBench kind).
+a stdin/stdout program (problems of the APPS, CodeContests, LiveCodeBench kind) or a function
+(problems of the HumanEval kind).
 
-Task: ``{"problem": str, "tests": [{"input": str, "output": str}, ...], "solution": str | None}``:
-the ground-truth tests (never shown to either role) and, where the dataset has one, a reference
-solution. Every program runs in the sandbox, one process per test; outputs are compared token by
-token (whitespace-insensitive).
+Task: ``{"problem": str, "tests": [...], "solution": str | None}``: the ground-truth tests (never
+shown to either role) and, where the dataset has one, a reference solution. A test is either
+``{"input": str, "output": str}`` (the program's stdin and expected stdout, compared token by token,
+whitespace-insensitive) or ``{"check": str}`` (Python run after the program, e.g. HumanEval's
+``check(candidate)``: it passes when the whole exits cleanly). A task with check tests is a
+*function* problem: the coder writes the function, and the tester's tests are calls of it with the
+values they must return. Every program runs in the sandbox, one process per test.
 
 Roles. MAS, each turn: ``tester`` then ``coder`` (tests first, as in test-driven development).
 - tester: ``<input>..</input><output>..</output>`` pairs. Local reward: the fraction of its tests
@@ -47,6 +51,21 @@ _runner = ThreadPoolExecutor(max_workers=MAX_PARALLEL, thread_name_prefix="code-
 
 
 @dataclass(frozen=True)
+class Check:
+    """A test that is Python run after the program; it passes when the whole exits cleanly."""
+
+    code: str
+
+
+Test = tuple[str, str] | Check  # (stdin, expected stdout), or a check
+
+
+def call_check(call: str, expected: str) -> Check:
+    """A tester's test of a function problem: ``call`` must return ``expected`` (Python expressions)."""
+    return Check(f"\n\nassert ({call.strip()}) == ({expected.strip()}), 'returned ' + repr({call.strip()})\n")
+
+
+@dataclass(frozen=True)
 class TestOutcome:
     passed: bool
     status: str  # the sandbox status of the run ("ok", "error", "timeout", ...)
@@ -57,14 +76,26 @@ def same_output(got: str, expected: str) -> bool:
     return got.split() == expected.split()
 
 
-def run_tests(code: str, tests: Sequence[tuple[str, str]], limits: SandboxLimits) -> list[TestOutcome]:
-    """Run ``code`` once per (stdin, expected stdout) test, in the sandbox, concurrently."""
+def run_tests(code: str, tests: Sequence[Test], limits: SandboxLimits) -> list[TestOutcome]:
+    """Run ``code`` once per test, in the sandbox, concurrently: on a (stdin, expected stdout) pair,
+    or followed by a check's code. A failed check's "stdout" is the last line of its stderr (the
+    assertion or error that stopped it)."""
 
-    def one(test: tuple[str, str]) -> TestOutcome:
+    def one(test: Test) -> TestOutcome:
+        if isinstance(test, Check):
+            run = run_python(code + "\n" + test.code, stdin="", limits=limits)
+            last = run.stderr.strip().splitlines()[-1:] if not run.ok else []
+            return TestOutcome(run.ok, run.status, last[0] if last else run.stdout)
         run = run_python(code, stdin=test[0], limits=limits)
         return TestOutcome(run.ok and same_output(run.stdout, test[1]), run.status, run.stdout)
 
     return list(_runner.map(one, tests))
+
+
+def task_test(test: dict) -> Test:
+    if "check" in test:
+        return Check(str(test["check"]))
+    return str(test["input"]), str(test["output"])
 
 
 class CodeEnv(Env):
@@ -91,7 +122,8 @@ class CodeEnv(Env):
         if not isinstance(task.get("problem"), str) or not tests:
             raise ValueError(f"code task needs a 'problem' string and a non-empty 'tests' list, got keys {sorted(task)}")
         self.problem = task["problem"]
-        self.ground_truth = tuple((str(t["input"]), str(t["output"])) for t in tests)
+        self.ground_truth: tuple[Test, ...] = tuple(task_test(t) for t in tests)
+        self.function = any(isinstance(t, Check) for t in self.ground_truth)  # a function problem: tests are calls
         self.solution: str | None = task.get("solution") or None
         self.done = self.success = self.truncated = False
         self.turn = 0
@@ -103,8 +135,12 @@ class CodeEnv(Env):
 
     @property
     def task(self) -> dict:
-        tests = [{"input": stdin, "output": stdout} for stdin, stdout in self.ground_truth]
+        tests = [{"check": t.code} if isinstance(t, Check) else {"input": t[0], "output": t[1]} for t in self.ground_truth]
         return {"problem": self.problem, "tests": tests, "solution": self.solution}
+
+    def _runnable(self, tests: Sequence[tuple[str, str]]) -> tuple[Test, ...]:
+        """The tester's (input, output) pairs as run: a call and its value in a function problem."""
+        return tuple(call_check(*test) for test in tests) if self.function else tuple(tests)
 
     @property
     def global_reward(self) -> float:
@@ -117,9 +153,9 @@ class CodeEnv(Env):
 
     def observation(self, role: str) -> Messages:
         if role == "tester":
-            return prompts.tester_messages(self.problem, self.max_tests, self.code, self.mismatches)
+            return prompts.tester_messages(self.problem, self.max_tests, self.code, self.mismatches, self.function)
         if role == "coder":
-            return prompts.coder_messages(self.problem, self.tests, self.code, self.mismatches)
+            return prompts.coder_messages(self.problem, self.tests, self.code, self.mismatches, self.function)
         raise self.unknown_role(role)
 
     def step(self, role: str, text: str) -> StepResult:
@@ -137,7 +173,7 @@ class CodeEnv(Env):
         reference = self.solution or (self.code if self.success else None)
         if reference is None:
             return StepResult(0.0, True, {"tests": len(tests), "reference": "none"})
-        outcomes = run_tests(reference, tests, self.test_limits)
+        outcomes = run_tests(reference, self._runnable(tests), self.test_limits)
         agree = sum(outcome.passed for outcome in outcomes)
         info = {"tests": len(tests), "agree_with_reference": agree, **sandbox_runs(o.status for o in outcomes)}
         return StepResult(agree / len(tests), True, info)
@@ -148,7 +184,7 @@ class CodeEnv(Env):
         if code is None:
             self.done = self.truncated = self.turn >= self.max_turns
             return StepResult(PARSE_PENALTY, False, {})
-        outcomes = run_tests(code, self.ground_truth + self.tests, self.test_limits)
+        outcomes = run_tests(code, self.ground_truth + self._runnable(self.tests), self.test_limits)
         truth, own = outcomes[: len(self.ground_truth)], outcomes[len(self.ground_truth) :]
         self.code = code
         self.pass_rate = sum(o.passed for o in truth) / len(truth)

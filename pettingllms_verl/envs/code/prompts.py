@@ -16,13 +16,21 @@ CODER_SYSTEM = (
     "You are the coder of a programming team. Write a complete Python 3 program in one ```python block "
     "that reads the input from stdin and prints the answer to stdout."
 )
+CODER_SYSTEM_FUNCTION = (
+    "You are the coder of a programming team. Write the Python 3 function the problem describes, whole "
+    "(with its imports and helpers), in one ```python block. Tests call the function; nothing is read from stdin."
+)
 
 
-def tester_system(max_tests: int) -> str:
+def tester_system(max_tests: int, function: bool = False) -> str:
+    if function:
+        form = "<input>\na call of the function\n</input>\n<output>\nthe value it must return, as a Python literal\n</output>"
+        subject = "function is called with them"
+    else:
+        form, subject = "<input>\nstdin\n</input>\n<output>\nexpected stdout\n</output>", "program is run on them"
     return (
         f"You are the tester of a programming team. Write up to {max_tests} unit tests for the problem, "
-        "each as <input>\nstdin\n</input>\n<output>\nexpected stdout\n</output>. The coder's program is "
-        "run on them; a test whose expected output is wrong counts against you."
+        f"each as {form}. The coder's {subject}; a test whose expected output is wrong counts against you."
     )
 
 
@@ -47,15 +55,18 @@ def _history(code: str | None, mismatches: Sequence[dict]) -> str:
     return text + (f"\n{_mismatches_text(mismatches)}" if mismatches else "")
 
 
-def tester_messages(problem: str, max_tests: int, code: str | None, mismatches: Sequence[dict]) -> Messages:
+def tester_messages(problem: str, max_tests: int, code: str | None, mismatches: Sequence[dict], function: bool = False) -> Messages:
     user = f"Problem:\n{problem}{_history(code, mismatches)}\n\nWrite the tests."
-    return [{"role": "system", "content": tester_system(max_tests)}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": tester_system(max_tests, function)}, {"role": "user", "content": user}]
 
 
-def coder_messages(problem: str, tests: Sequence[tuple[str, str]], code: str | None, mismatches: Sequence[dict]) -> Messages:
-    """The tester's tests appear once a tester has written some (never in SA)."""
+def coder_messages(
+    problem: str, tests: Sequence[tuple[str, str]], code: str | None, mismatches: Sequence[dict], function: bool = False
+) -> Messages:
+    """The tester's tests appear once a tester has written some (never in SA); ``function``: a
+    problem of the HumanEval kind (the coder writes a function that tests call)."""
     user = f"Problem:\n{problem}"
     if tests:
         user += f"\n\nThe tester's tests:\n{cut(_tests_text(tests), MAX_TOOL_CODE_CHARS)}"
-    user += _history(code, mismatches) + "\n\nWrite the program."
-    return [{"role": "system", "content": CODER_SYSTEM}, {"role": "user", "content": user}]
+    user += _history(code, mismatches) + ("\n\nWrite the function." if function else "\n\nWrite the program.")
+    return [{"role": "system", "content": CODER_SYSTEM_FUNCTION if function else CODER_SYSTEM}, {"role": "user", "content": user}]
