@@ -42,15 +42,16 @@ def load_tasks(source: str, split: str, problem_key: str, answer_key: str) -> li
     if source == "fixture":
         tasks = fixture_tasks(FIXTURE)
         return [t for i, t in enumerate(tasks) if (i % FIXTURE_TEST_EVERY == 0) == (split == "test")]
-    records = None
     if source in MMATH_SETS:
         records = [r for r in load_records(MMATH) if r.get("data_source") == MMATH_SETS[source]]
         problem_key, answer_key = "question", "answer"
-    elif source in PRESETS:
-        source, problem_key, answer_key = PRESETS[source]
+    else:
+        if source in PRESETS:
+            source, problem_key, answer_key = PRESETS[source]
+        records = load_records(source)
     tasks = [
         {"problem": str(column(r, problem_key, source)).strip(), "answer": answer_text(column(r, answer_key, source))}
-        for r in (records if records is not None else load_records(source))
+        for r in records
     ]
     return [t for t in tasks if t["answer"]]
 

@@ -473,11 +473,12 @@ class MASTrainer(PPOTrainerSync):
         real = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
         rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"])
         tags = [dict(t) for t in rows["extra_fields"]]
+        regrouped = self.config.algorithm.adv_estimator == AT_GRPO or any(tag.get("mas_placeholder") for tag in tags)
         if self.config.algorithm.adv_estimator == AT_GRPO:
             self._own_rewards_and_groups(batch, real, rows["rm_scores"], tags)
-            rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
-        elif any(tag.get("mas_placeholder") for tag in tags):
+        elif regrouped:
             self._placeholders_apart(batch, real, tags)
+        if regrouped:  # the rows as the estimator will read them
             rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
         index = np.array(list(rows["uid"]), dtype=object)
         scores = torch.stack([s.sum() for s in rows["rm_scores"].unbind(0)])

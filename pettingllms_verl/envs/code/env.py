@@ -62,7 +62,8 @@ Test = tuple[str, str] | Check  # (stdin, expected stdout), or a check
 
 def call_check(call: str, expected: str) -> Check:
     """A tester's test of a function problem: ``call`` must return ``expected`` (Python expressions)."""
-    return Check(f"\n\nassert ({call.strip()}) == ({expected.strip()}), 'returned ' + repr({call.strip()})\n")
+    call = call.strip()
+    return Check(f"\n\nassert ({call}) == ({expected.strip()}), 'returned ' + repr({call})\n")
 
 
 @dataclass(frozen=True)
