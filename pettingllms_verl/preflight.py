@@ -14,7 +14,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from pettingllms_verl import artifacts
+from pettingllms_verl import artifacts, memory
 
 
 class ConfigError(ValueError):
@@ -584,8 +584,95 @@ def _gpus_needed(config: DictConfig) -> tuple[int, str]:
     return needed, key
 
 
-def check(config: DictConfig) -> None:
-    """Raise ``ConfigError`` for the first problem found."""
+def _parquet_rows(files: Any) -> int | None:
+    """Rows in a split's parquet files (their metadata only); None where one cannot be read."""
+    import pyarrow.parquet as pq
+
+    try:
+        return sum(pq.ParquetFile(os.path.expanduser(str(path))).metadata.num_rows for path in ([files] if isinstance(files, str) else files))
+    except Exception:  # a missing or unreadable file is reported by the dataset check
+        return None
+
+
+def _episodes_at_once(config: DictConfig, settings: Any) -> int:
+    """Episodes' requests in flight at once at the busiest turn: a training batch (problems x
+    rollout.n x the tree's K branches) or a validation batch (problems x val n), the larger."""
+    branches = (lambda validate: 1) if settings is None else settings.branches
+    train = int(_select(config, "data.train_batch_size") or 1) * int(_select(config, "actor_rollout_ref.rollout.n") or 1) * branches(False)
+    validates = _select(config, "trainer.val_only") or _select(config, "trainer.val_before_train") or (_select(config, "trainer.test_freq") or -1) > 0
+    val_files = _select(config, "data.val_files")
+    if not validates or not val_files:
+        return train
+    problems = _parquet_rows(val_files) or 1
+    for cap in (_select(config, "data.val_batch_size"), _select(config, "data.val_max_samples")):
+        if cap is not None and int(cap) > 0:
+            problems = min(problems, int(cap))
+    return max(train, problems * int(_select(config, "actor_rollout_ref.rollout.val_kwargs.n") or 1) * branches(True))
+
+
+def estimate_memory(config: DictConfig) -> memory.Estimate | None:
+    """On CPU with the hf rollout, the run's peak memory (``memory.py``): per worker group, its
+    replicas' servers at their busiest and its policy's copies, and the processes. None elsewhere
+    (a GPU, vLLM's own KV cache, a model not readable here)."""
+    from pettingllms_verl.config import ADAPTER_GROUP, load
+
+    if _select(config, "trainer.device") != "cpu":
+        return None
+    section = _select(config, "pettingllms")
+    settings = load(section) if section is not None else None
+    table = settings.policy_table() if settings is not None else {}
+    per_node, nodes = int(_select(config, "trainer.n_gpus_per_node") or 1), int(_select(config, "trainer.nnodes") or 1)
+    episodes = _episodes_at_once(config, settings)
+    fixed, per_row, rows, processes = 0, 0, 1, memory.FIXED_PROCESSES
+    for group, view in _policy_views(config):
+        rollout = view.actor_rollout_ref.rollout
+        if rollout.name != "hf":
+            return None  # vLLM sizes its own KV cache (VLLM_CPU_KVCACHE_SPACE)
+        try:
+            model = memory.ModelSize.of(os.path.expanduser(str(view.actor_rollout_ref.model.path)))
+        except Exception:  # a model not readable here: the model checks say what matters
+            return None
+        policy = table.get(group)
+        replicas = sum(policy.own_pool(per_node, nodes)) if policy is not None and policy.pool == "own" else per_node * nodes
+        prompt = int(_select(view, "actor_rollout_ref.rollout.prompt_length") or _select(view, "data.max_prompt_length") or 0)
+        reply = int(_select(view, "actor_rollout_ref.rollout.response_length") or _select(view, "data.max_response_length") or 0)
+        adapters = group == ADAPTER_GROUP
+        reference = not adapters and bool(_select(view, "actor_rollout_ref.actor.use_kl_loss") or _select(view, "algorithm.use_kl_in_reward"))
+        fixed += replicas * memory.server_bytes(model, 0, prompt, reply)
+        fixed += memory.trainer_bytes(model, trainable=not adapters and (policy is None or policy.trainable), reference=reference)
+        per_row += replicas * (2 * prompt + reply) * model.kv_bytes_per_token
+        rows = max(rows, memory.rows_at_once(episodes, replicas, int(rollout.get("max_num_seqs") or 64)))
+        processes += 2 * replicas  # a trainer rank and a server per replica
+    processes += int(_select(config, "actor_rollout_ref.rollout.agent.num_workers") or 1)
+    return memory.Estimate(fixed + processes * memory.PROCESS_BYTES, per_row, rows, prompt, reply)
+
+
+def check_memory(config: DictConfig, machine: int) -> None:
+    """``estimate_memory`` against ``machine`` bytes: a setting that cannot fit is refused here,
+    not killed by Ray's memory monitor mid-run."""
+    estimate = estimate_memory(config)
+    if estimate is None:
+        return
+    usable = memory.usable(machine)
+    if estimate.need <= usable:
+        return
+    fits = (usable - estimate.fixed) // estimate.per_row if estimate.per_row else 0
+    where = (f"about {memory.gib(estimate.need)} at its peak (hf rollout KV caches for {estimate.rows} rows of up to "
+             f"{estimate.prompt} + {estimate.reply} tokens per server: {memory.gib(estimate.rows * estimate.per_row)}; "
+             f"models and processes: {memory.gib(estimate.fixed)})")
+    limit = f"this machine's {memory.gib(machine)} (Ray kills a process past {memory.gib(usable)})"
+    if fits >= 1:
+        raise ConfigError(
+            "actor_rollout_ref.rollout.max_num_seqs", f"the run needs {where}, more than {limit}",
+            f"set actor_rollout_ref.rollout.max_num_seqs={fits} (the rows an hf server batches at once: slower, "
+            "the same samples), or play fewer episodes at once (data.val_batch_size, data.train_batch_size)",
+        )
+    raise ConfigError("actor_rollout_ref.model.path", f"the run needs {where}: its models alone exceed {limit}",
+                      "use a smaller model, fewer trainer ranks (trainer.n_gpus_per_node), or a machine with more memory")
+
+
+def check(config: DictConfig, machine_memory: int | None = None) -> None:
+    """Raise ``ConfigError`` for the first problem found; ``machine_memory``: bytes (None: this machine's)."""
     _check_model_path("actor_rollout_ref.model.path", _select(config, "actor_rollout_ref.model.path"))
     for key in ("data.train_files", "data.val_files"):
         files = _select(config, key)
@@ -615,6 +702,7 @@ def check(config: DictConfig) -> None:
                     f"{size}: the hf rollout serves one whole model copy per trainer rank (no model parallelism)",
                     f"set actor_rollout_ref.rollout.{key}=1",
                 )
+    check_memory(config, machine_memory if machine_memory is not None else memory.system_memory())
     needed, key = _gpus_needed(config)
     declared = _select(config, "ray_kwargs.ray_init.num_gpus")
     if declared is not None and int(declared) < needed:
