@@ -12,13 +12,14 @@ import psutil
 from launch import ray_did_not_start
 
 
-def kill_when(argv: list[str], ready, *, cwd, env, timeout_s: float = 900) -> int:
+def kill_when(argv: list[str], ready, *, cwd, env, timeout_s: float = 900, log=None) -> int:
     """Start ``argv`` in a session of its own, wait until ``ready()`` is true, then SIGKILL the
     driver and every process it started (Ray's, some in process groups of their own), and wait
     until all are gone, so that a rerun meets none of them. Returns the driver's exit status. A run
-    that ended before the moment because Ray did not start (``launch.ray_did_not_start``) starts again, once."""
+    that ended before the moment because Ray did not start (``launch.ray_did_not_start``) starts again, once.
+    ``log``: a file to keep the run's output in (else it is dropped)."""
     for attempt in (1, 2):
-        with tempfile.TemporaryFile("w+") as output:
+        with (open(log, "w+") if log is not None else tempfile.TemporaryFile("w+")) as output:
             process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.monotonic() + timeout_s
             try:
@@ -38,6 +39,15 @@ def kill_when(argv: list[str], ready, *, cwd, env, timeout_s: float = 900) -> in
             said = output.read()
         if attempt == 2 or not ray_did_not_start(said):
             raise AssertionError(f"the run ended (status {process.returncode}) before the moment to kill it:\n{said[-3000:]}")
+
+
+def logged_steps(metrics_path) -> int:
+    """How many steps verl's file logger has written whole to ``metrics_path`` (one line per step,
+    logged after the step's checkpoint and validation)."""
+    try:
+        return metrics_path.read_text().count("\n")
+    except FileNotFoundError:
+        return 0
 
 
 def _kill_tree(process: subprocess.Popen) -> None:

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from test_mas_e2e import dumped_rows, run_recipe, team_artifacts  # noqa: F401  (fixture)
 from test_policies_e2e import (  # noqa: F401  (fixture)
-    adapter_tensors, artifacts, assert_three_steps_with_metrics_per_policy, base_tensors, initial_params, saved_group,
-    train_to_5_killed_after_step_4_then_resume,
+    adapter_tensors, artifacts, assert_three_steps_with_metrics_per_policy, base_tensors, initial_params, resume_step_4,
+    run_killed_in_step_4, saved_group,
 )
 
 pytestmark = pytest.mark.slow
@@ -25,13 +25,14 @@ LR, WARMUP = 2e-3, 10  # its actor LR; the warm-up steps of the first run
 def l1_run(artifacts):
     """3 steps; greedy tool replies: every tool group ties, so all of tool_adapter's rows have zero
     advantage (with no weight decay its adapter must not move while plan_adapter trains). A 10-step
-    LR warm-up shows each adapter's own schedule position."""
+    LR warm-up shows each adapter's own schedule position. SIGKILLed in step 4, which
+    test_sigkill_mid_step_then_resume_continues_every_adapter_and_validates_them_swapped resumes."""
     dump = artifacts / "l1_batches"
-    metrics = run_recipe(
+    metrics = run_killed_in_step_4(
         artifacts, RECIPE, f"pettingllms.paths.batch_dump_dir={dump}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={WARMUP}",
         "+pettingllms.roles.tool.sampling.temperature=0", "actor_rollout_ref.actor.optim.weight_decay=0",
     )
-    return metrics, dumped_rows(dump)
+    return metrics, dumped_rows(dump, through=3)
 
 
 def test_l1_runs_three_steps_with_metrics_per_adapter(l1_run):
@@ -95,14 +96,12 @@ def test_sigkill_mid_step_then_resume_continues_every_adapter_and_validates_them
     """Each adapter's Adam state and LR-schedule step continue from the checkpoint and the replica
     serves the loaded adapters; the resumed run validates twice with the swapped-policy switch on: as
     trained, and each role served by the other's adapter."""
-    metrics = train_to_5_killed_after_step_4_then_resume(
-        artifacts, RECIPE, "trainer.test_freq=5", "+pettingllms.swap_policies=[tool_adapter,plan_adapter]",
-    )
+    metrics = resume_step_4(artifacts, RECIPE, "trainer.test_freq=4", "+pettingllms.swap_policies=[tool_adapter,plan_adapter]")
     for adapter in POLICY_OF.values():
         assert metrics[-1]["data"][f"policy/{adapter}/training/rollout_probs_diff_mean"] < 1e-5  # loaded adapters synced
-    saved = saved_group(artifacts / "checkpoints" / RECIPE / "global_step_5")
-    assert saved["adam_steps"] == {adapter: {5 * K_MINI_BATCHES} for adapter in POLICY_OF.values()}
-    assert saved["schedules"] == {adapter: 5 for adapter in POLICY_OF.values()}
+    saved = saved_group(artifacts / "checkpoints" / RECIPE / "global_step_4")
+    assert saved["adam_steps"] == {adapter: {4 * K_MINI_BATCHES} for adapter in POLICY_OF.values()}
+    assert saved["schedules"] == {adapter: 4 for adapter in POLICY_OF.values()}
     validation = [key for m in metrics for key in m["data"] if "val-" in key]
     assert any(key.startswith("swap/val-core/") for key in validation) and any(key.startswith("val-core/") for key in validation)
 

@@ -30,8 +30,10 @@ def artifacts(tmp_path_factory, warm_model):
     return root
 
 
-def dumped_rows(dump) -> list[dict]:
-    return [json.loads(line) for name in sorted(os.listdir(dump)) for line in open(dump / name)]
+def dumped_rows(dump, through: int | None = None) -> list[dict]:
+    """The training rows dumped to ``dump`` (a JSONL file per step, step_N.jsonl), of steps up to ``through``."""
+    names = sorted(name for name in os.listdir(dump) if through is None or int(name[5:-6]) <= through)
+    return [json.loads(line) for name in names for line in open(dump / name)]
 
 
 def run_recipe(artifacts, recipe, *overrides):
@@ -46,15 +48,32 @@ def run_recipe(artifacts, recipe, *overrides):
 
 @pytest.fixture(scope="module")
 def mas_run(artifacts):
-    dump = artifacts / "batches"
-    # test_freq=3: one validation pass (greedy, one episode per test problem) after the last step
-    metrics = run_recipe(artifacts, "plan_path_mas_atgrpo_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "trainer.test_freq=3")
-    rows = {int(name[5:-6]): [json.loads(line) for line in open(dump / name)] for name in os.listdir(dump)}
-    return metrics, rows
+    """A run to 5 steps, validated at step 3 (greedy, one episode per test problem), SIGKILLed while
+    step 4's checkpoint is being written (its folder exists only under the temporary name): the
+    metrics and rows of steps 1-3, and the step of the last complete checkpoint at the kill
+    (test_a_mas_run_killed_while_saving_resumes_from_the_last_complete_checkpoint resumes the run)."""
+    from pettingllms_verl.eval.reproduce import finished_steps
+    from pettingllms_verl.trainer.mas_trainer import PARTIAL_SUFFIX
+
+    from kill import kill_when
+
+    dump, metrics_path = artifacts / "batches", artifacts / "killed.jsonl"
+    checkpoints = artifacts / "checkpoints" / "plan_path_mas_atgrpo_cpu"
+    status = kill_when(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", "plan_path_mas_atgrpo_cpu",
+         "trainer.total_training_steps=5", f"pettingllms.paths.batch_dump_dir={dump}", "trainer.test_freq=3"],
+        lambda: (checkpoints / f"global_step_4{PARTIAL_SUFFIX}").exists(), cwd=artifacts,
+        env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)},
+    )
+    assert status == -signal.SIGKILL
+    at_kill = finished_steps(checkpoints)
+    metrics = [json.loads(line) for line in open(metrics_path)]
+    rows = {int(name[5:-6]): [json.loads(line) for line in open(dump / name)] for name in os.listdir(dump) if int(name[5:-6]) <= 3}
+    return metrics, rows, at_kill
 
 
 def test_mas_recipe_runs_three_steps_with_mas_and_at_grpo_metrics(mas_run):
-    metrics, _ = mas_run
+    metrics, _, _ = mas_run
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         data = m["data"]
@@ -69,7 +88,7 @@ def test_mas_recipe_runs_three_steps_with_mas_and_at_grpo_metrics(mas_run):
 
 
 def test_group_sizes_equal_k_and_no_group_spans_two_problems_turns_or_roles(mas_run):
-    _, steps = mas_run
+    _, steps, _ = mas_run
     assert sorted(steps) == [1, 2, 3]
     for rows in steps.values():
         groups = defaultdict(list)
@@ -83,7 +102,7 @@ def test_group_sizes_equal_k_and_no_group_spans_two_problems_turns_or_roles(mas_
 
 
 def test_per_sample_rewards_reach_the_batch_unchanged(mas_run):
-    _, steps = mas_run
+    _, steps, _ = mas_run
     differs_from_final = False
     for rows in steps.values():
         episodes = defaultdict(list)
@@ -98,7 +117,7 @@ def test_per_sample_rewards_reach_the_batch_unchanged(mas_run):
 
 
 def test_advantages_are_normalised_within_each_group(mas_run):
-    _, steps = mas_run
+    _, steps, _ = mas_run
     for rows in steps.values():
         groups = defaultdict(list)
         for row in rows:
@@ -220,23 +239,12 @@ def test_math_team_programs_and_answers_are_graded_inside_ray(team_artifacts):
 
 
 def test_a_mas_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(mas_run, artifacts):
-    """After the 3-step run: a run to 5 steps is SIGKILLed while step 4's checkpoint is being
-    written (its folder exists only under the temporary name); the same command then resumes from
-    the last complete checkpoint and no partial folder is ever taken for a step."""
+    """The run killed while saving step 4: the same command resumes from the last complete
+    checkpoint and no partial folder is ever taken for a step."""
     from pettingllms_verl.eval.reproduce import finished_steps
-    from pettingllms_verl.trainer.mas_trainer import PARTIAL_SUFFIX
 
-    from kill import kill_when
-
+    _, _, at_kill = mas_run
     checkpoints = artifacts / "checkpoints" / "plan_path_mas_atgrpo_cpu"
-    recipe = ["--config-path", RECIPES, "--config-name", "plan_path_mas_atgrpo_cpu", "trainer.total_training_steps=5"]
-    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(artifacts / "killed.jsonl")}
-    status = kill_when(
-        [sys.executable, "-m", "verl.trainer.main_ppo", *recipe],
-        lambda: (checkpoints / f"global_step_4{PARTIAL_SUFFIX}").exists(), cwd=artifacts, env=env,
-    )
-    assert status == -signal.SIGKILL
-    at_kill = finished_steps(checkpoints)
     assert at_kill in (3, 4)  # 4 only if the save completed between seeing its partial folder and the kill
     assert (checkpoints / f"global_step_{at_kill}" / "data.pt").exists()
     resumed = run_recipe(artifacts, "plan_path_mas_atgrpo_cpu", "trainer.total_training_steps=5")

@@ -16,7 +16,7 @@ from pettingllms_verl.rollout.episode import ERRORS
 
 import launch
 from faulty_env import OVERRIDE as FAULTY
-from kill import kill_when
+from kill import kill_when, logged_steps
 from test_mas_e2e import RECIPES, dumped_rows, run_recipe
 
 pytestmark = pytest.mark.slow
@@ -88,29 +88,34 @@ def same_params(saved: dict, reference: dict) -> bool:
     return all(torch.equal(saved[name], reference[name]) for name in saved)
 
 
-def train_to_5_killed_after_step_4_then_resume(artifacts, recipe: str, *resume_overrides: str) -> list[dict]:
-    """After a 3-step run of ``recipe``: train to step 5, SIGKILL the driver (and its Ray processes)
-    once step 4 is checkpointed, then resume; the resumed run's metrics."""
-    checkpoints = artifacts / "checkpoints" / recipe
-    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(artifacts / f"{recipe}_killed.jsonl")}
-    # Every step folder kept (later tests choose among the 3-step run's checkpoints).
-    keep = "trainer.max_actor_ckpt_to_keep=null"
+def run_killed_in_step_4(artifacts, recipe: str, *overrides: str) -> list[dict]:
+    """``recipe`` for 4 steps, SIGKILLed (the driver and its Ray processes) once step 3 is logged,
+    so saved and validated (verl logs a step last): the metrics of steps 1-3."""
+    metrics_path = artifacts / f"{recipe}_killed.jsonl"
+    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)}
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", recipe,
-               "trainer.total_training_steps=5", keep]
-    status = kill_when(command, lambda: finished_steps(checkpoints) == 4, cwd=artifacts, env=env)  # mid step 5 (or its first moments)
-    assert status == -signal.SIGKILL and finished_steps(checkpoints) == 4
-    metrics = run_recipe(artifacts, recipe, "trainer.total_training_steps=5", keep, *resume_overrides)
-    assert [m["step"] for m in metrics if m["step"] == 5] == [5] and metrics[-1]["step"] == 5
-    assert finished_steps(checkpoints) == 5
+               "trainer.total_training_steps=4", *overrides]
+    status = kill_when(command, lambda: logged_steps(metrics_path) == 3, cwd=artifacts, env=env)
+    assert status == -signal.SIGKILL and finished_steps(artifacts / "checkpoints" / recipe) == 3
+    return [json.loads(line) for line in open(metrics_path)]
+
+
+def resume_step_4(artifacts, recipe: str, *overrides: str) -> list[dict]:
+    """The killed run's command again (``trainer.total_training_steps=4``): it resumes from step 3's
+    checkpoint and trains step 4 alone; its metrics."""
+    metrics = run_recipe(artifacts, recipe, "trainer.total_training_steps=4", *overrides)
+    assert [m["step"] for m in metrics] == [4]
+    assert finished_steps(artifacts / "checkpoints" / recipe) == 4
     return metrics
 
 
 @pytest.fixture(scope="module")
 def l2_run(artifacts):
+    """3 steps, validated at step 3 (its val_metrics.json is what the evaluation chooses checkpoints
+    by), then SIGKILLed in step 4 (test_sigkill_mid_step_then_resume_continues_every_policy resumes it)."""
     dump = artifacts / "l2_batches"
-    # validation at the last step: its val_metrics.json is what the evaluation chooses checkpoints by
-    metrics = run_recipe(artifacts, "plan_path_mas_full_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "trainer.test_freq=3")
-    return metrics, dumped_rows(dump)
+    metrics = run_killed_in_step_4(artifacts, "plan_path_mas_full_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "trainer.test_freq=3")
+    return metrics, dumped_rows(dump, through=3)
 
 
 def assert_three_steps_with_metrics_per_policy(metrics: list[dict], policies) -> None:
@@ -160,12 +165,12 @@ def test_each_policy_is_checkpointed_with_a_fixed_number_of_optimizer_steps(l2_r
 def test_sigkill_mid_step_then_resume_continues_every_policy(l2_run, artifacts):
     """The step count continues and every policy's optimizer state was restored (its Adam step
     count continues from the checkpoint instead of restarting)."""
-    metrics = train_to_5_killed_after_step_4_then_resume(artifacts, "plan_path_mas_full_cpu")
+    metrics = resume_step_4(artifacts, "plan_path_mas_full_cpu")
     checkpoints = artifacts / "checkpoints" / "plan_path_mas_full_cpu"
     for policy in POLICY_OF.values():
         assert metrics[-1]["data"][f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5  # loaded weights synced
-        _, adam_steps = saved_policy(checkpoints / "global_step_5", policy)
-        assert adam_steps == {5 * K_MINI_BATCHES}
+        _, adam_steps = saved_policy(checkpoints / "global_step_4", policy)
+        assert adam_steps == {4 * K_MINI_BATCHES}
 
 
 def test_a_policy_changes_only_through_its_own_rows_with_a_full_model_and_an_adapter(artifacts):
