@@ -13,6 +13,7 @@ import os
 import re
 
 ENV = "PETTINGLLMS_ARTIFACTS"
+KEY = "pettingllms.paths.artifacts"  # the recipes' key; base/pettingllms.yaml reads $PETTINGLLMS_ARTIFACTS into it
 FOLDER = "artifacts"  # what make writes under the repository (its ARTIFACTS default)
 _from_working_directory: str | None = None  # the folder use_working_directory chose in this process
 
@@ -37,6 +38,18 @@ def use_working_directory() -> str | None:
         return None
     os.environ[ENV] = _from_working_directory = os.path.abspath(FOLDER)
     return _from_working_directory
+
+
+def pin(config) -> str | None:
+    """Write the resolved ``pettingllms.paths.artifacts`` into ``config``: the recipes interpolate
+    ``$PETTINGLLMS_ARTIFACTS``, and a process on another Ray node has its node's environment, not
+    this one's. Returns the folder (None without the key)."""
+    from omegaconf import OmegaConf
+
+    folder = OmegaConf.select(config, KEY)
+    if folder is not None:
+        OmegaConf.update(config, KEY, str(folder))
+    return folder
 
 
 def make_target(path: str) -> str | None:

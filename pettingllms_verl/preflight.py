@@ -610,14 +610,34 @@ def _episodes_at_once(config: DictConfig, settings: Any) -> int:
     return max(train, problems * int(_select(config, "actor_rollout_ref.rollout.val_kwargs.n") or 1) * branches(True))
 
 
+def _joins_cluster(config: DictConfig) -> str | None:
+    """The address of a running Ray cluster the run joins (``ray_kwargs.ray_init.address``), else None."""
+    address = _select(config, "ray_kwargs.ray_init.address")
+    return None if address in (None, "", "local") else str(address)
+
+
+def _check_cluster(config: DictConfig) -> None:
+    """Ray refuses ``num_cpus``/``num_gpus`` in ``ray.init`` when it joins a running cluster (the CPU recipes set both)."""
+    address = _joins_cluster(config)
+    if address is None:
+        return
+    for key in ("num_cpus", "num_gpus"):
+        if _select(config, f"ray_kwargs.ray_init.{key}") is not None:
+            raise ConfigError(
+                f"ray_kwargs.ray_init.{key}", f"set while joining the Ray cluster at {address}, which Ray refuses "
+                "(a running cluster's resources are what `ray start` declared on each node)",
+                f"remove it: '~ray_kwargs.ray_init.{key}' (on CPU, give each node its trainer slots with `ray start --num-gpus=N`)",
+            )
+
+
 def estimate_memory(config: DictConfig) -> memory.Estimate | None:
     """On CPU with the hf rollout, the run's peak memory (``memory.py``): per worker group, its
     replicas' servers at their busiest and its policy's copies, and the processes. None elsewhere
     (a GPU, vLLM's own KV cache, a model not readable here)."""
     from pettingllms_verl.config import ADAPTER_GROUP, load
 
-    if _select(config, "trainer.device") != "cpu":
-        return None
+    if _select(config, "trainer.device") != "cpu" or _joins_cluster(config):
+        return None  # a GPU's memory, or nodes whose memory this machine cannot see
     section = _select(config, "pettingllms")
     settings = load(section) if section is not None else None
     table = settings.policy_table() if settings is not None else {}
@@ -703,6 +723,7 @@ def check(config: DictConfig, machine_memory: int | None = None) -> None:
                     f"set actor_rollout_ref.rollout.{key}=1",
                 )
     check_memory(config, machine_memory if machine_memory is not None else memory.system_memory())
+    _check_cluster(config)
     needed, key = _gpus_needed(config)
     declared = _select(config, "ray_kwargs.ray_init.num_gpus")
     if declared is not None and int(declared) < needed:
@@ -716,10 +737,14 @@ def check(config: DictConfig, machine_memory: int | None = None) -> None:
 class Preflight(Callback):
     """Hydra callback: ``check`` the composed config before the job (verl's ``main``) runs."""
 
-    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Before Hydra copies the config for the job: what is written here reaches every Ray process.
         found = artifacts.use_working_directory()  # before anything reads the recipe's paths
         if found:
             print(f"pettingllms_verl: artifacts from the working directory, {found} (${artifacts.ENV} was unset)", flush=True)
+        artifacts.pin(config)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             check(config)
         except ConfigError as error:

@@ -127,7 +127,7 @@ def test_cuda_server_is_pinned_to_the_trainer_workers_device(ray_session):
     """The server asks Ray for no GPU; Ray (older releases, or RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1)
     then hides every device from it. The options must keep the trainer worker's device visible."""
     node_id = ray.get_runtime_context().get_node_id()
-    options = server_options(3, "shared", 8, (node_id, "5"), [NOSET])
+    options = server_options(3, "shared", 8, node_id, "5", [NOSET])
     assert options["num_gpus"] == 0 and options["scheduling_strategy"].node_id == node_id
     assert options["scheduling_strategy"].soft is False
     del options["name"]
@@ -138,9 +138,12 @@ def test_cuda_server_is_pinned_to_the_trainer_workers_device(ray_session):
     assert ray.get(EnvProbe.options(**options).remote().cuda_visible_devices.remote()) == ""
 
 
-def test_cpu_server_gets_no_placement():
-    options = server_options(0, "shared", 8, None, [])
+def test_cpu_server_is_placed_on_its_workers_node_and_asks_for_nothing():
+    node = "ab" * 28  # a node id's form
+    options = server_options(0, "shared", 8, node, None, [])
+    assert options.pop("scheduling_strategy").node_id == node and "runtime_env" not in options
     assert options == {"name": server_actor_name(0, "shared"), "max_concurrency": 8, "num_cpus": 0, "num_gpus": 0}
+    assert "scheduling_strategy" not in server_options(0, "shared", 8, None, None, [])  # no workers (a standalone replica)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only case")

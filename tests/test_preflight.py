@@ -525,3 +525,14 @@ def test_a_team_program_whose_framework_is_missing_names_the_extra_before_ray_st
         check(team_program(tmp_path, plan_path_rows, **{"pettingllms.program.target": f"{team}:team"}))
     assert error.value.key == "pettingllms.program.target"
     assert "no_such_agent_framework" in str(error.value) and "pip install 'pettingllms-verl[agents]'" in str(error.value)
+
+
+def test_joining_a_running_cluster_refuses_the_resources_ray_would_refuse(tmp_path):
+    """``ray.init(address=..., num_gpus=...)`` fails on a running cluster; the CPU recipes set both keys."""
+    joined = config(tmp_path, **{"ray_kwargs.ray_init.address": "127.0.0.1:6379"})
+    with pytest.raises(ConfigError) as error:
+        check(joined)
+    assert error.value.key == "ray_kwargs.ray_init.num_gpus" and "'~ray_kwargs.ray_init.num_gpus'" in str(error.value)
+    del joined.ray_kwargs.ray_init["num_gpus"]
+    check(joined)
+    check(config(tmp_path, **{"ray_kwargs.ray_init.address": "local"}))  # a local Ray of its own takes them

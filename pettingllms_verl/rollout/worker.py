@@ -9,11 +9,14 @@ this worker injects it. Each row's own reward and AT-GRPO group are put in place
 
 from __future__ import annotations
 
+import json
+
 import ray
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
 from pettingllms_verl.data.rows import EPISODE_AGENT
 from pettingllms_verl.rollout.agent_loop import VALIDATE_KWARG
+from pettingllms_verl.placement import PLACEMENT
 
 
 class MASAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
@@ -33,3 +36,8 @@ class MASAgentLoopManager(AgentLoopManagerTQ):
         super().__init__(*args, **kwargs)
         self.agent_loop_workers_class = ray.remote(MASAgentLoopWorker)
 
+
+    async def _init_agent_loop_workers(self):
+        await super()._init_agent_loop_workers()  # verl places them round-robin over the nodes
+        nodes = ray.get([w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for w in self.agent_loop_workers])
+        print(f"{PLACEMENT} {json.dumps({'episodes': nodes})}", flush=True)

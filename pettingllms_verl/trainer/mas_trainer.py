@@ -36,6 +36,7 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.checkpoint_engine import CheckpointEngineManager
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, create_colocated_worker_cls
+from verl.plugin.platform import get_platform
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -54,6 +55,7 @@ from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.rollout.faults import FaultTally
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
+from pettingllms_verl.placement import PLACEMENT, nodes_of, unplaceable
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
 
@@ -234,11 +236,26 @@ class MASTrainer(PPOTrainerSync):
             policy = self.policy_table.get(name)
             if policy is not None and policy.pool == "own":
                 spec[f"policy_{name}"] = policy.own_pool(trainer.n_gpus_per_node, trainer.nnodes)
+        self._check_pools_fit(spec)
         shared = sum(name == ADAPTER_GROUP or self.policy_table[name].pool == "shared" for name in self.group_policies)
         # one process per shared group on each GPU of the trainer's pool (+1 for a reward model)
         self.resource_pool_manager = ResourcePoolManager(
             resource_pool_spec=spec, mapping=self.mapping, max_colocate_count=max(3, shared + 1)
         )
+
+    def _check_pools_fit(self, spec: dict[str, list[int]]) -> None:
+        """verl waits for a pool's placement groups without a bound: a pool no live node can hold
+        is an error here, naming its key and what each node has."""
+        resource = get_platform().ray_resource_name()
+        nodes = {node["NodeID"]: node["Resources"].get(resource, 0) for node in ray.nodes() if node["Alive"]}
+        missing = unplaceable(spec, nodes)
+        if missing is not None:
+            pool, slots, free = missing
+            key = "trainer.n_gpus_per_node" if pool == "global_pool" else f"{SECTION}.policies.{pool.removeprefix('policy_')}.n_gpus_per_node"
+            raise ValueError(
+                f"{key}: pool {pool} needs {slots} {resource} slots on one node, and no live node has them "
+                f"(each node's {resource} left after the larger pools: {free}); lower {key}, or add a node that holds {slots}"
+            )
 
     def _setup(self):
         super()._setup()  # the first group, its replicas and sync, reward loop; checkpoint load deferred
@@ -247,6 +264,8 @@ class MASTrainer(PPOTrainerSync):
             self.groups[name] = self._build_group(name)
         self.checkpoint_manager = MultiCheckpointManager(list(self.groups.values()))
         self.checkpoint_manager.sleep_replicas()
+        placement = {name: nodes_of(group) for name, group in self.groups.items()}
+        print(f"{PLACEMENT} {json.dumps(placement)}", flush=True)  # what runs on which Ray node (docs/cluster.md)
         self._load_checkpoint()
 
     def _group(self, name: str, config, worker_group, servers, sync) -> PolicyGroup:

@@ -69,27 +69,25 @@ def _torch_dtype(name: str, device: str) -> torch.dtype:
 
 
 def server_options(
-    replica_rank: int, policy: str, max_concurrency: int, gpu: tuple[str, str] | None, noset_envvars: list[str]
+    replica_rank: int, policy: str, max_concurrency: int, node_id: str | None, device_id: str | None, noset_envvars: list[str]
 ) -> dict:
-    """Ray options for one server actor; ``gpu`` is (node id, physical device id) of the trainer
-    worker whose accelerator the server shares, None on CPU.
+    """Ray options for one server actor: on the node of the trainer worker it serves (``node_id``;
+    None: anywhere), sharing that worker's accelerator ``device_id`` (None on CPU).
 
-    The server asks Ray for no GPU (the trainer worker holds it; asking would wait forever). Ray
-    hides every device from such an actor (CUDA_VISIBLE_DEVICES=""), so the NOSET variables stop
-    Ray from touching it and the worker's device is set at process start, before anything in the
-    process can initialise CUDA.
+    On a cluster of several nodes this keeps each policy's server beside its pool. The server asks
+    Ray for no GPU (the trainer worker holds it; asking would wait forever). Ray hides every device
+    from such an actor (CUDA_VISIBLE_DEVICES=""), so the NOSET variables stop Ray from touching it
+    and the worker's device is set at process start, before anything in the process can initialise CUDA.
     """
     options: dict[str, Any] = dict(
         name=server_actor_name(replica_rank, policy), max_concurrency=max_concurrency, num_cpus=0, num_gpus=0
     )
-    if gpu is not None:
+    if node_id is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        node_id, device_id = gpu
-        options.update(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            runtime_env={"env_vars": {**{var: "1" for var in noset_envvars}, "CUDA_VISIBLE_DEVICES": device_id}},
-        )
+        options.update(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
+    if device_id is not None:
+        options.update(runtime_env={"env_vars": {**{var: "1" for var in noset_envvars}, "CUDA_VISIBLE_DEVICES": device_id}})
     return options
 
 
@@ -278,19 +276,19 @@ class HFRolloutReplica(RolloutReplica):
         # The driver's platform decides (verl detects CUDA there even though Ray hides the devices).
         platform = get_platform()
         device = "cpu" if platform.device_name == "cpu" else "cuda"
-        gpu = None
-        if device == "cuda":
-            if not self.workers:
-                raise NotImplementedError("hf rollout on CUDA shares the trainer workers' GPUs: use the hybrid engine")
-            resource = platform.ray_resource_name()
-            gpu = await self.workers[0].__ray_call__.remote(
+        if device == "cuda" and not self.workers:
+            raise NotImplementedError("hf rollout on CUDA shares the trainer workers' GPUs: use the hybrid engine")
+        node_id = device_id = None
+        if self.workers:
+            resource = platform.ray_resource_name() if device == "cuda" else None
+            node_id, device_id = await self.workers[0].__ray_call__.remote(
                 lambda worker: (
                     ray.get_runtime_context().get_node_id(),
-                    str(ray.get_runtime_context().get_accelerator_ids()[resource][0]),
+                    str(ray.get_runtime_context().get_accelerator_ids()[resource][0]) if resource else None,
                 )
             )
         policy = rollout_policy(self.config)
-        options = server_options(self.replica_rank, policy, self.max_concurrency, gpu, platform.ray_noset_envvars())
+        options = server_options(self.replica_rank, policy, self.max_concurrency, node_id, device_id, platform.ray_noset_envvars())
         server = ray.remote(HFRolloutServer).options(**options).remote(
             self.config, self.model_config, self.replica_rank, device
         )

@@ -1,0 +1,45 @@
+"""Where the policies' pools go on a Ray cluster, checked before verl asks for them.
+
+verl turns each resource pool into placement groups, one per node entry, each packing that many
+GPU slots (GPUs, or trainer ranks on CPU) onto one node, then waits for them without a bound: a
+pool that no node can hold would wait forever. ``unplaceable`` finds such a pool first.
+``nodes_of`` says where each group's trainer ranks and rollout servers landed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+PLACEMENT = "pettingllms_verl placement:"  # the line naming each group's trainer and server nodes
+
+
+def unplaceable(pools: dict[str, list[int]], node_slots: dict[str, float]) -> tuple[str, int, dict[str, float]] | None:
+    """The first pool entry (pool name, slots) that cannot be packed onto one node once the larger
+    entries of every pool have taken theirs (first fit, largest first), with the slots each node
+    has left then; None when every entry fits.
+
+    ``pools``: pool name -> slots per node entry (verl's ``resource_pool_spec``);
+    ``node_slots``: node id -> its GPU slots.
+    """
+    free = dict(node_slots)
+    entries = sorted(((slots, name) for name, per_node in pools.items() for slots in per_node), key=lambda e: -e[0])
+    for slots, name in entries:
+        node = next((node for node, left in free.items() if left >= slots), None)
+        if node is None:
+            return name, slots, free
+        free[node] -= slots
+    return None
+
+
+def nodes_of(group: Any) -> dict[str, list[str]]:
+    """The Ray node ids a ``PolicyGroup``'s trainer ranks and rollout servers run on, in rank order."""
+
+    def nodes(actors) -> list[str]:
+        return ray.get([actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for actor in actors])
+
+    return {
+        "trainer": nodes(group.worker_group.workers),
+        "servers": nodes([server for replica in group.servers.get_replicas() for server in replica.servers]),
+    }
