@@ -33,13 +33,30 @@ def unplaceable(pools: dict[str, list[int]], node_slots: dict[str, float]) -> tu
     return None
 
 
+def _nodes(actors: list) -> list[str]:
+    return ray.get([actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for actor in actors])
+
+
+def actors_of(group: Any) -> dict[str, list]:
+    """A ``PolicyGroup``'s actors by part: its trainer ranks and its rollout servers, in rank order."""
+    return {
+        "trainer": list(group.worker_group.workers),
+        "servers": [server for replica in group.servers.get_replicas() for server in replica.servers],
+    }
+
+
 def nodes_of(group: Any) -> dict[str, list[str]]:
     """The Ray node ids a ``PolicyGroup``'s trainer ranks and rollout servers run on, in rank order."""
+    return {part: _nodes(actors) for part, actors in actors_of(group).items()}
 
-    def nodes(actors) -> list[str]:
-        return ray.get([actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for actor in actors])
 
-    return {
-        "trainer": nodes(group.worker_group.workers),
-        "servers": nodes([server for replica in group.servers.get_replicas() for server in replica.servers]),
-    }
+def who(groups: dict[str, Any], placement: dict[str, dict[str, list[str]]]) -> dict[str, str]:
+    """Ray actor id -> what it is and where ("trainer rank 1 of tool_policy on node <id>"), for the
+    message that names an actor that died."""
+    named = {}
+    for name, group in groups.items():
+        for part, actors in actors_of(group).items():
+            for rank, actor in enumerate(actors):
+                what = f"trainer rank {rank}" if part == "trainer" else f"rollout server {rank}"
+                named[actor._actor_id.hex()] = f"{what} of {name} on node {placement[name][part][rank]}"
+    return named

@@ -1,23 +1,41 @@
 """A Ray cluster of several nodes on this machine, as `ray start` builds one on a real cluster: a
-head and worker nodes, each a raylet of its own on the loopback address, in a temporary folder of
-its own (so no other test's ``ray.init()`` finds it), removed with every process it started."""
+head and worker nodes, each a raylet of its own, in a temporary folder of its own (so no other
+test's ``ray.init()`` finds it), removed with every process it started.
+
+Every node is started with ``--node-ip-address=127.0.0.1``; on Linux Ray advertises the machine's
+own address in its place (``services.resolve_ip_for_localhost``), as it does for a single-node
+``ray.init()``, so nothing leaves this machine."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
+from pettingllms_verl.placement import PLACEMENT
+
 RAY = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
 LOOPBACK = "127.0.0.1"
+RECIPES = str(Path(__file__).resolve().parents[1] / "recipes")
+
+
+def placement(output: str) -> dict:
+    """A multi-agent run's placement lines (its trainer's and its episode workers'), merged."""
+    found = {}
+    for line in output.splitlines():
+        if PLACEMENT in line:
+            found.update(json.loads(line.split(PLACEMENT, 1)[1]))
+    return found
 
 
 def free_port() -> int:
@@ -27,22 +45,37 @@ def free_port() -> int:
 
 
 class LocalCluster:
-    """``nodes`` Ray nodes, each with ``gpus`` Ray GPU slots (trainer ranks on CPU) and a custom
-    resource ``node<i>`` naming it."""
+    """One Ray node per name of ``names`` (the first the head), each with ``gpus`` Ray GPU slots
+    (trainer ranks on CPU) and a custom resource of its name."""
 
-    def __init__(self, root: Path, nodes: int, gpus: int = 1, cpus: int = 8):
-        self.root, self.port = root, free_port()
+    def __init__(self, names: list[str] = ("a", "b"), gpus: int = 1, cpus: int = 8):
+        self.port = free_port()
         self.address = f"{LOOPBACK}:{self.port}"
-        self.temp_dirs = [root / f"ray{i}" for i in range(nodes)]
-        for i, temp_dir in enumerate(self.temp_dirs):
-            where = ["--head", f"--port={self.port}", "--include-dashboard=false"] if i == 0 else [f"--address={self.address}"]
-            self._ray("start", *where, f"--node-ip-address={LOOPBACK}", f"--num-cpus={cpus}", f"--num-gpus={gpus}",
-                      f"--resources={json.dumps({f'node{i}': 1})}", f"--temp-dir={temp_dir}", "--disable-usage-stats")
-        self.wait_for(nodes)
+        # short: Ray's socket paths under it must fit AF_UNIX's 107 bytes
+        self.temp_dirs = [Path(tempfile.mkdtemp(prefix=f"ray{name}")) for name in names]
+        self.names = list(names)
+        try:
+            for i, (name, temp_dir) in enumerate(zip(names, self.temp_dirs)):
+                where = ["--head", f"--port={self.port}", "--include-dashboard=false"] if i == 0 else [f"--address={self.address}"]
+                self._ray("start", *where, f"--node-ip-address={LOOPBACK}", f"--num-cpus={cpus}", f"--num-gpus={gpus}",
+                          f"--resources={json.dumps({f'node_{name}': 1})}", f"--temp-dir={temp_dir}", "--disable-usage-stats")
+            self.wait_for(len(names))
+        except BaseException:
+            self.kill()
+            raise
 
     def _ray(self, *args: str) -> None:
         result = subprocess.run([*RAY, *args], capture_output=True, text=True, timeout=180, env=self.env())
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    def main_ppo_args(self, *overrides: str, worker_env: dict[str, str] | None = None) -> list[str]:
+        """``main_ppo``'s arguments for a recipe run joining this cluster: Ray refuses num_cpus and
+        num_gpus there, which the CPU recipes set (the preflight says so). The cluster's processes
+        have the environment their node started with, so what verl's workers read from theirs
+        (``worker_env``, e.g. VERL_FILE_LOGGER_PATH) goes in Ray's runtime environment."""
+        return ["--config-path", RECIPES, *overrides, f"+ray_kwargs.ray_init.address={self.address}",
+                "~ray_kwargs.ray_init.num_cpus", "~ray_kwargs.ray_init.num_gpus",
+                *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={value}" for key, value in (worker_env or {}).items())]
 
     @staticmethod
     def env(base: dict | None = None) -> dict:
@@ -58,8 +91,8 @@ class LocalCluster:
         return json.loads(result.stdout.strip().splitlines()[-1])
 
     def node_ids(self) -> dict[str, str]:
-        """``node<i>`` -> its Ray node id."""
-        return {name: node["NodeID"] for node in self.nodes() for name in node["Resources"] if name.startswith("node") and name[4:].isdigit()}
+        """Node name -> its Ray node id."""
+        return {name: node["NodeID"] for node in self.nodes() for name in self.names if f"node_{name}" in node["Resources"]}
 
     def wait_for(self, count: int, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
@@ -80,7 +113,7 @@ class LocalCluster:
         return list(found.values())
 
     def kill(self, node: int | None = None) -> None:
-        """SIGKILL a node's processes (all nodes' with None), as a machine that dies."""
+        """SIGKILL the processes of node number ``node`` (all nodes' with None), as a machine that dies."""
         victims = self.processes(node)
         for process in victims:
             with contextlib.suppress(psutil.Error):
@@ -92,3 +125,5 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.kill()
+        for temp_dir in self.temp_dirs:
+            shutil.rmtree(temp_dir, ignore_errors=True)

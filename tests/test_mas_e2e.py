@@ -148,23 +148,31 @@ def test_sa_grpo_baseline_updates_exactly_when_an_episode_group_has_signal(artif
         assert (m["data"]["actor/grad_norm"] > 0) == has_signal, (m["step"], dict(returns))
 
 
-def test_two_data_parallel_ranks_get_whole_groups_and_keep_sharing_their_prompts(artifacts):
-    """Two trainer ranks (gloo, CPU): the trainer balances whole AT-GRPO groups over them, so each
+def test_two_data_parallel_ranks_on_two_nodes_get_whole_groups_and_keep_sharing_their_prompts(artifacts, tmp_path):
+    """Two trainer ranks (gloo, CPU), one on each node of a two-node Ray cluster (tests/cluster.py):
+    the trainer balances whole AT-GRPO groups over them, so each
     group's prompt still runs once in the update. With verl's row balancing the same run computed
     47-52 % of the plain tokens (a group's rows on both ranks); with whole groups 29 %, as at DP = 1.
     The run has a KL loss, so its reference model (FSDP2-offloaded, sharded over the two ranks) runs
     on CPU: the KL is 0 before the first update (the reference is the initial policy) and not after.
     The plan role samples at temperature 2.0, the rollout at 1.0: its rows are still trained at the
     temperature they were sampled at (off-policy, the rollout/actor gap was 0.076 instead of < 1e-5)."""
+    from cluster import LocalCluster, placement
+
     metrics_path = artifacts / "dp2.jsonl"
-    result = launch.main_ppo(
-        "--config-path", RECIPES, "--config-name", "plan_path_mas_atgrpo_cpu",
-        "trainer.n_gpus_per_node=2", "data.train_batch_size=4", "+pettingllms.trainer.mini_batches_per_step=1",
-        "trainer.total_training_steps=2", "trainer.save_freq=-1", f"trainer.default_local_dir={artifacts / 'dp2_checkpoints'}",
-        "actor_rollout_ref.actor.use_kl_loss=true", "++pettingllms.roles.plan.sampling.temperature=2.0", timeout=1200, cwd=artifacts,
-        env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)},
-    )
+    with LocalCluster() as cluster:
+        result = launch.main_ppo(
+            *cluster.main_ppo_args("--config-name", "plan_path_mas_atgrpo_cpu",
+                        "trainer.nnodes=2", "data.train_batch_size=4", "+pettingllms.trainer.mini_batches_per_step=1",
+                        "trainer.total_training_steps=2", "trainer.save_freq=-1", f"trainer.default_local_dir={artifacts / 'dp2_checkpoints'}",
+                        "actor_rollout_ref.actor.use_kl_loss=true", "++pettingllms.roles.plan.sampling.temperature=2.0",
+                        worker_env={"VERL_FILE_LOGGER_PATH": str(metrics_path)}),
+            timeout=1200, cwd=artifacts, env=cluster.env({**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)}),
+        )
+        nodes = set(cluster.node_ids().values())
     assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
+    shared = placement(result.stdout + result.stderr)["shared"]
+    assert set(shared["trainer"]) == nodes and shared["servers"] == shared["trainer"]  # a rank and its server per node
     metrics = [json.loads(line)["data"] for line in open(metrics_path)]
     assert len(metrics) == 2
     for data in metrics:

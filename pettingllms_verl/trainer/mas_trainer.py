@@ -53,9 +53,9 @@ from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, ROW_TEMPERATURE
 from pettingllms_verl.files import write_whole
 from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
-from pettingllms_verl.rollout.faults import FaultTally
+from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
-from pettingllms_verl.placement import PLACEMENT, nodes_of, unplaceable
+from pettingllms_verl.placement import PLACEMENT, nodes_of, unplaceable, who
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
 
@@ -266,6 +266,7 @@ class MASTrainer(PPOTrainerSync):
         self.checkpoint_manager.sleep_replicas()
         placement = {name: nodes_of(group) for name, group in self.groups.items()}
         print(f"{PLACEMENT} {json.dumps(placement)}", flush=True)  # what runs on which Ray node (docs/cluster.md)
+        self._actor_names = who(self.groups, placement)
         self._load_checkpoint()
 
     def _group(self, name: str, config, worker_group, servers, sync) -> PolicyGroup:
@@ -325,6 +326,19 @@ class MASTrainer(PPOTrainerSync):
             self.actor_rollout_wg, self.ref_policy_wg, self.config = saved
 
     # ------------------------------ one training step ------------------------------
+
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        """verl's step; an actor of the run that died (a trainer rank or a server, killed, out of
+        memory, or on a node that went away) stops the run with one message naming it."""
+        try:
+            return super().step(metrics, timing_raw)
+        except ray.exceptions.RayActorError as error:
+            what = self._actor_names.get(error.actor_id or "", f"Ray actor {error.actor_id}")
+            cause = str(error).strip().splitlines()
+            raise RunStopped(
+                f"{STOPPED} training step {self.global_steps}: {what} died: {' '.join(cause[:3])}\n"
+                f"The last checkpoint is intact: the same command with trainer.resume_mode=auto continues from it."
+            ) from None
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
         with marked_timer("gen", timing_raw, color="red"):
