@@ -56,7 +56,13 @@ def who(groups: dict[str, Any], placement: dict[str, dict[str, list[str]]]) -> d
     named = {}
     for name, group in groups.items():
         for part, actors in actors_of(group).items():
-            for rank, actor in enumerate(actors):
-                what = f"trainer rank {rank}" if part == "trainer" else f"rollout server {rank}"
-                named[actor._actor_id.hex()] = f"{what} of {name} on node {placement[name][part][rank]}"
+            what = "trainer rank" if part == "trainer" else "rollout server"
+            named.update(name_actors(actors, f"{what} {{}} of {name}", placement[name][part]))
     return named
+
+
+def name_actors(actors: list, label: str, nodes: list[str] | None = None) -> dict[str, str]:
+    """Ray actor id -> ``label`` (its "{}" the actor's index) "on node <id>" (``nodes``: the actors'
+    nodes, asked for when None)."""
+    nodes = _nodes(actors) if nodes is None else nodes
+    return {actor._actor_id.hex(): f"{label.format(i)} on node {node}" for i, (actor, node) in enumerate(zip(actors, nodes))}

@@ -46,9 +46,10 @@ def free_port() -> int:
 
 class LocalCluster:
     """One Ray node per name of ``names`` (the first the head), each with ``gpus`` Ray GPU slots
-    (trainer ranks on CPU) and a custom resource of its name."""
+    (trainer ranks on CPU; per node name where a dict, 1 for a name it lacks) and a custom resource
+    of its name."""
 
-    def __init__(self, names: list[str] = ("a", "b"), gpus: int = 1, cpus: int = 8):
+    def __init__(self, names: list[str] = ("a", "b"), gpus: int | dict[str, int] = 1, cpus: int = 8):
         self.port = free_port()
         self.address = f"{LOOPBACK}:{self.port}"
         # short: Ray's socket paths under it must fit AF_UNIX's 107 bytes
@@ -57,7 +58,8 @@ class LocalCluster:
         try:
             for i, (name, temp_dir) in enumerate(zip(names, self.temp_dirs)):
                 where = ["--head", f"--port={self.port}", "--include-dashboard=false"] if i == 0 else [f"--address={self.address}"]
-                self._ray("start", *where, f"--node-ip-address={LOOPBACK}", f"--num-cpus={cpus}", f"--num-gpus={gpus}",
+                slots = gpus.get(name, 1) if isinstance(gpus, dict) else gpus
+                self._ray("start", *where, f"--node-ip-address={LOOPBACK}", f"--num-cpus={cpus}", f"--num-gpus={slots}",
                           f"--resources={json.dumps({f'node_{name}': 1})}", f"--temp-dir={temp_dir}", "--disable-usage-stats")
             self.wait_for(len(names))
         except BaseException:

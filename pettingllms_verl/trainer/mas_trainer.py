@@ -55,7 +55,7 @@ from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
-from pettingllms_verl.placement import PLACEMENT, nodes_of, unplaceable, who
+from pettingllms_verl.placement import PLACEMENT, name_actors, nodes_of, unplaceable, who
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
 
@@ -266,7 +266,8 @@ class MASTrainer(PPOTrainerSync):
         self.checkpoint_manager.sleep_replicas()
         placement = {name: nodes_of(group) for name, group in self.groups.items()}
         print(f"{PLACEMENT} {json.dumps(placement)}", flush=True)  # what runs on which Ray node (docs/cluster.md)
-        self._actor_names = who(self.groups, placement)
+        self._actor_names = who(self.groups, placement)  # Ray actor id -> what and where, for a death's message
+        self._episode_workers_named = False
         self._load_checkpoint()
 
     def _group(self, name: str, config, worker_group, servers, sync) -> PolicyGroup:
@@ -330,15 +331,24 @@ class MASTrainer(PPOTrainerSync):
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         """verl's step; an actor of the run that died (a trainer rank or a server, killed, out of
         memory, or on a node that went away) stops the run with one message naming it."""
+        if not self._episode_workers_named:  # verl hands the agent loop manager over in fit()
+            self._actor_names.update(name_actors(self.agent_loop_manager.agent_loop_workers, "episode worker {}"))
+            self._episode_workers_named = True
         try:
             return super().step(metrics, timing_raw)
         except ray.exceptions.RayActorError as error:
             what = self._actor_names.get(error.actor_id or "", f"Ray actor {error.actor_id}")
-            cause = str(error).strip().splitlines()
+            cause = " ".join(str(error).strip().splitlines()[:3])
             raise RunStopped(
-                f"{STOPPED} training step {self.global_steps}: {what} died: {' '.join(cause[:3])}\n"
-                f"The last checkpoint is intact: the same command with trainer.resume_mode=auto continues from it."
+                f"{STOPPED} training step {self.global_steps}: {what} died: {cause}\n"
+                "The last checkpoint is intact: the same command with trainer.resume_mode=auto continues from it."
             ) from None
+        except RunStopped as stop:  # a dead server met by episodes (rollout/faults.py): say which one, where
+            first, _, rest = str(stop).partition("\n")
+            dead = [name for actor_id, name in self._actor_names.items() if actor_id in rest]
+            if not dead:
+                raise
+            raise RunStopped(f"{first} (dead: {'; '.join(dead)})\n{rest}") from None
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
         with marked_timer("gen", timing_raw, color="red"):
