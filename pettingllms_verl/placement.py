@@ -66,3 +66,15 @@ def name_actors(actors: list, label: str, nodes: list[str] | None = None) -> dic
     nodes, asked for when None)."""
     nodes = _nodes(actors) if nodes is None else nodes
     return {actor._actor_id.hex(): f"{label.format(i)} on node {node}" for i, (actor, node) in enumerate(zip(actors, nodes))}
+
+
+def named_by_ray(actor_id: str | None) -> str:
+    """An actor of the run this package did not place (verl's reward loop, TransferQueue, ...), as
+    Ray's actor table (GCS) gives it, dead or alive: "RewardLoopWorker actor <id> on node <id>"."""
+    try:
+        from ray._private.state import actors  # Ray's own debugging accessor of the GCS table
+
+        info = actors(actor_id=actor_id)
+        return f"{info['ActorClassName']} actor {actor_id} on node {info['Address']['NodeID']}"
+    except Exception:  # no table entry, or Ray moved the accessor: the id alone
+        return f"Ray actor {actor_id}"

@@ -612,8 +612,14 @@ def _episodes_at_once(config: DictConfig, settings: Any) -> int:
 
 def _joins_cluster(config: DictConfig) -> str | None:
     """The address of a running Ray cluster the run joins (``ray_kwargs.ray_init.address``), else None."""
-    address = _select(config, "ray_kwargs.ray_init.address")
+    address = _select(config, "ray_kwargs.ray_init.address") or os.environ.get("RAY_ADDRESS")  # `ray job submit` sets it
     return None if address in (None, "", "local") else str(address)
+
+
+def _gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _check_cluster(config: DictConfig) -> None:
@@ -636,8 +642,8 @@ def estimate_memory(config: DictConfig) -> memory.Estimate | None:
     (a GPU, vLLM's own KV cache, a model not readable here)."""
     from pettingllms_verl.config import ADAPTER_GROUP, load
 
-    if _select(config, "trainer.device") != "cpu" or _joins_cluster(config):
-        return None  # a GPU's memory, or nodes whose memory this machine cannot see
+    if _select(config, "trainer.device") != "cpu" or _joins_cluster(config) or _gpu_visible():
+        return None  # a GPU's memory (verl moves a CPU recipe onto a visible GPU), or nodes this machine cannot see
     section = _select(config, "pettingllms")
     settings = load(section) if section is not None else None
     table = settings.policy_table() if settings is not None else {}
@@ -745,6 +751,7 @@ class Preflight(Callback):
         artifacts.pin(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        artifacts.use_working_directory()  # a --multirun job: Hydra calls no on_run_start
         try:
             check(config)
         except ConfigError as error:

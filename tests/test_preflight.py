@@ -536,3 +536,19 @@ def test_joining_a_running_cluster_refuses_the_resources_ray_would_refuse(tmp_pa
     del joined.ray_kwargs.ray_init["num_gpus"]
     check(joined)
     check(config(tmp_path, **{"ray_kwargs.ray_init.address": "local"}))  # a local Ray of its own takes them
+
+
+def test_the_artifacts_folder_is_written_into_the_config_for_workers_with_another_environment(tmp_path, monkeypatch):
+    """On a Ray cluster a worker on another node has that node's environment: the recipes' folder,
+    read from $PETTINGLLMS_ARTIFACTS, is resolved in the driver before the job's config is copied."""
+    from hydra import compose, initialize_config_dir
+
+    from pettingllms_verl.preflight import Preflight
+
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "shared"))
+    with initialize_config_dir(config_dir=os.path.abspath(RECIPES), version_base=None):
+        config = compose(config_name="plan_path_mas_atgrpo_cpu")
+    Preflight().on_run_start(config)
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", "/elsewhere")  # the worker's node
+    assert config.pettingllms.paths.artifacts == str(tmp_path / "shared")
+    assert config.data.train_files == str(tmp_path / "shared" / "data" / "plan_path_6x6" / "train.parquet")

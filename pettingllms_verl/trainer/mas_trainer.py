@@ -55,7 +55,7 @@ from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
-from pettingllms_verl.placement import PLACEMENT, name_actors, nodes_of, unplaceable, who
+from pettingllms_verl.placement import PLACEMENT, name_actors, named_by_ray, nodes_of, unplaceable, who
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
 
@@ -236,25 +236,26 @@ class MASTrainer(PPOTrainerSync):
             policy = self.policy_table.get(name)
             if policy is not None and policy.pool == "own":
                 spec[f"policy_{name}"] = policy.own_pool(trainer.n_gpus_per_node, trainer.nnodes)
-        self._check_pools_fit(spec)
         shared = sum(name == ADAPTER_GROUP or self.policy_table[name].pool == "shared" for name in self.group_policies)
-        # one process per shared group on each GPU of the trainer's pool (+1 for a reward model)
-        self.resource_pool_manager = ResourcePoolManager(
-            resource_pool_spec=spec, mapping=self.mapping, max_colocate_count=max(3, shared + 1)
-        )
+        colocate = max(3, shared + 1)  # one process per shared group on each GPU of the trainer's pool (+1 for a reward model)
+        self._check_pools_fit(spec, colocate)
+        self.resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=self.mapping, max_colocate_count=colocate)
 
-    def _check_pools_fit(self, spec: dict[str, list[int]]) -> None:
+    def _check_pools_fit(self, spec: dict[str, list[int]], colocate: int) -> None:
         """verl waits for a pool's placement groups without a bound: a pool no live node can hold
-        is an error here, naming its key and what each node has."""
+        is an error here, naming its key and what each node has. Each slot's bundle also asks for
+        ``colocate`` CPUs (verl's max_colocate_count)."""
         resource = get_platform().ray_resource_name()
-        nodes = {node["NodeID"]: node["Resources"].get(resource, 0) for node in ray.nodes() if node["Alive"]}
+        nodes = {node["NodeID"]: min(node["Resources"].get(resource, 0), node["Resources"].get("CPU", 0) // colocate)
+                 for node in ray.nodes() if node["Alive"]}
         missing = unplaceable(spec, nodes)
         if missing is not None:
             pool, slots, free = missing
             key = "trainer.n_gpus_per_node" if pool == "global_pool" else f"{SECTION}.policies.{pool.removeprefix('policy_')}.n_gpus_per_node"
             raise ValueError(
                 f"{key}: pool {pool} needs {slots} {resource} slots on one node, and no live node has them "
-                f"(each node's {resource} left after the larger pools: {free}); lower {key}, or add a node that holds {slots}"
+                f"(each node's {resource} slots with {colocate} CPUs each, left after the larger pools: {free}); "
+                f"lower {key}, or add a node that holds {slots}"
             )
 
     def _setup(self):
@@ -331,13 +332,13 @@ class MASTrainer(PPOTrainerSync):
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         """verl's step; an actor of the run that died (a trainer rank or a server, killed, out of
         memory, or on a node that went away) stops the run with one message naming it."""
-        if not self._episode_workers_named:  # verl hands the agent loop manager over in fit()
-            self._actor_names.update(name_actors(self.agent_loop_manager.agent_loop_workers, "episode worker {}"))
-            self._episode_workers_named = True
         try:
+            if not self._episode_workers_named:  # verl hands the agent loop manager over in fit()
+                self._actor_names.update(name_actors(self.agent_loop_manager.agent_loop_workers, "episode worker {}"))
+                self._episode_workers_named = True
             return super().step(metrics, timing_raw)
         except ray.exceptions.RayActorError as error:
-            what = self._actor_names.get(error.actor_id or "", f"Ray actor {error.actor_id}")
+            what = self._actor_names.get(error.actor_id or "") or named_by_ray(error.actor_id)
             cause = " ".join(str(error).strip().splitlines()[:3])
             raise RunStopped(
                 f"{STOPPED} training step {self.global_steps}: {what} died: {cause}\n"
@@ -345,7 +346,7 @@ class MASTrainer(PPOTrainerSync):
             ) from None
         except RunStopped as stop:  # a dead server met by episodes (rollout/faults.py): say which one, where
             first, _, rest = str(stop).partition("\n")
-            dead = [name for actor_id, name in self._actor_names.items() if actor_id in rest]
+            dead = [name for actor_id, name in self._actor_names.items() if actor_id in rest]  # the servers it met
             if not dead:
                 raise
             raise RunStopped(f"{first} (dead: {'; '.join(dead)})\n{rest}") from None
