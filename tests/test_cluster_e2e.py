@@ -88,8 +88,9 @@ NODE_LOSS_BOUND_S = 300  # from the node's death to main_ppo's exit; measured: s
 def test_adapters_on_a_pool_spanning_two_nodes_train_as_data_parallel_ranks_and_a_lost_node_stops_the_run(artifacts, tmp_path):
     """L1 with trainer.nnodes=2: the adapters' pool has a rank on each node, each with its server;
     AT-GRPO groups stay whole on a rank (each rank's rows are whole groups), and each adapter is
-    served, trained and synced across the two nodes. Then one of them dies (every process of it
-    SIGKILLed) in step 2: the run stops, within a bound, with one message naming what died and its node."""
+    served, trained and synced across the two nodes. Then one of them dies (every process of it, its
+    trainer rank, server and episode worker, SIGKILLed) in step 2: the run stops, within a bound, with
+    one message naming what died and its node."""
     import re
     import signal
     import subprocess
@@ -105,7 +106,8 @@ def test_adapters_on_a_pool_spanning_two_nodes_train_as_data_parallel_ranks_and_
         nodes = cluster.node_ids()
         driver = subprocess.Popen(
             [*launch.MAIN_PPO, *run_args(cluster, metrics_path, "--config-name", "plan_path_mas_lora_cpu", "trainer.total_training_steps=2",
-                                         "trainer.nnodes=2", "data.train_batch_size=4", "trainer.save_freq=-1", f"pettingllms.paths.batch_dump_dir={dump}", "trainer.experiment_name=cluster_l1")],
+                                         "trainer.nnodes=2", "data.train_batch_size=4", "trainer.save_freq=-1",
+                                         "actor_rollout_ref.rollout.agent.num_workers=3",  # an episode worker on every node f"pettingllms.paths.batch_dump_dir={dump}", "trainer.experiment_name=cluster_l1")],
             cwd=artifacts, env=env(cluster, artifacts), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:

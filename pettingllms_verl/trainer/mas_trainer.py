@@ -25,6 +25,7 @@ import math
 import os
 import re
 import shutil
+import time
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -63,6 +64,7 @@ PARTIAL_SUFFIX = ".partial"  # a step folder being written; renamed to global_st
 
 TRAINER_MODE = "mas_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
+WORKER_CHECK_S = 10.0  # while waiting for episodes: how often the agent-loop workers are asked whether they live
 
 
 def episode_metrics(tags: list[dict]) -> dict[str, float]:
@@ -206,6 +208,20 @@ class MASTrainer(PPOTrainerSync):
             return batch, metrics
 
         buffer.sample = checked_sample
+        # verl dispatches episodes to its agent-loop workers and polls for their rows: a worker that
+        # died (killed, or on a lost node) never sends them, and the poll would wait forever.
+        wait, asked = buffer._wait_for_next_poll, [time.monotonic()]
+
+        def wait_while_workers_live(partition_id, last_debug_time):
+            if time.monotonic() - asked[0] > WORKER_CHECK_S:
+                workers = self.agent_loop_manager.agent_loop_workers
+                calls = [worker.__ray_call__.remote(lambda _: None) for worker in workers]
+                answered, _ = ray.wait(calls, num_returns=len(calls), timeout=WORKER_CHECK_S)
+                ray.get(answered)  # a dead worker's call comes back at once, raising what names it; a busy one is asked again
+                asked[0] = time.monotonic()
+            return wait(partition_id, last_debug_time)
+
+        buffer._wait_for_next_poll = wait_while_workers_live
         return buffer
 
     def _check_faults(self, batch: KVBatchMeta, partition_id: str) -> None:
