@@ -107,7 +107,8 @@ def test_adapters_on_a_pool_spanning_two_nodes_train_as_data_parallel_ranks_and_
         driver = subprocess.Popen(
             [*launch.MAIN_PPO, *run_args(cluster, metrics_path, "--config-name", "plan_path_mas_lora_cpu", "trainer.total_training_steps=2",
                                          "trainer.nnodes=2", "data.train_batch_size=4", "trainer.save_freq=-1",
-                                         "actor_rollout_ref.rollout.agent.num_workers=3",  # an episode worker on every node f"pettingllms.paths.batch_dump_dir={dump}", "trainer.experiment_name=cluster_l1")],
+                                         "actor_rollout_ref.rollout.agent.num_workers=3",  # an episode worker on every node
+                                         f"pettingllms.paths.batch_dump_dir={dump}", "trainer.experiment_name=cluster_l1")],
             cwd=artifacts, env=env(cluster, artifacts), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
