@@ -33,7 +33,8 @@ def unplaceable(pools: dict[str, list[int]], node_slots: dict[str, float]) -> tu
     return None
 
 
-def _nodes(actors: list) -> list[str]:
+def nodes(actors: list) -> list[str]:
+    """The Ray node id each of ``actors`` runs on."""
     return ray.get([actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for actor in actors])
 
 
@@ -47,7 +48,7 @@ def actors_of(group: Any) -> dict[str, list]:
 
 def nodes_of(group: Any) -> dict[str, list[str]]:
     """The Ray node ids a ``PolicyGroup``'s trainer ranks and rollout servers run on, in rank order."""
-    return {part: _nodes(actors) for part, actors in actors_of(group).items()}
+    return {part: nodes(actors) for part, actors in actors_of(group).items()}
 
 
 def who(groups: dict[str, Any], placement: dict[str, dict[str, list[str]]]) -> dict[str, str]:
@@ -61,11 +62,9 @@ def who(groups: dict[str, Any], placement: dict[str, dict[str, list[str]]]) -> d
     return named
 
 
-def name_actors(actors: list, label: str, nodes: list[str] | None = None) -> dict[str, str]:
-    """Ray actor id -> ``label`` (its "{}" the actor's index) "on node <id>" (``nodes``: the actors'
-    nodes, asked for when None)."""
-    nodes = _nodes(actors) if nodes is None else nodes
-    return {actor._actor_id.hex(): f"{label.format(i)} on node {node}" for i, (actor, node) in enumerate(zip(actors, nodes))}
+def name_actors(actors: list, label: str, where: list[str]) -> dict[str, str]:
+    """Ray actor id -> ``label`` (its "{}" the actor's index) "on node <id>" (``where``: the actors' nodes)."""
+    return {actor._actor_id.hex(): f"{label.format(i)} on node {node}" for i, (actor, node) in enumerate(zip(actors, where))}
 
 
 def named_by_ray(actor_id: str | None) -> str:

@@ -697,8 +697,8 @@ def check_memory(config: DictConfig, machine: int) -> None:
                       "use a smaller model, fewer trainer ranks (trainer.n_gpus_per_node), or a machine with more memory")
 
 
-def check(config: DictConfig, machine_memory: int | None = None) -> None:
-    """Raise ``ConfigError`` for the first problem found; ``machine_memory``: bytes (None: this machine's)."""
+def check(config: DictConfig) -> None:
+    """Raise ``ConfigError`` for the first problem found."""
     _check_model_path("actor_rollout_ref.model.path", _select(config, "actor_rollout_ref.model.path"))
     for key in ("data.train_files", "data.val_files"):
         files = _select(config, key)
@@ -728,7 +728,7 @@ def check(config: DictConfig, machine_memory: int | None = None) -> None:
                     f"{size}: the hf rollout serves one whole model copy per trainer rank (no model parallelism)",
                     f"set actor_rollout_ref.rollout.{key}=1",
                 )
-    check_memory(config, machine_memory if machine_memory is not None else memory.system_memory())
+    check_memory(config, memory.system_memory())
     _check_cluster(config)
     needed, key = _gpus_needed(config)
     declared = _select(config, "ray_kwargs.ray_init.num_gpus")

@@ -16,7 +16,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorke
 
 from pettingllms_verl.data.rows import EPISODE_AGENT
 from pettingllms_verl.rollout.agent_loop import VALIDATE_KWARG
-from pettingllms_verl.placement import PLACEMENT
+from pettingllms_verl.placement import PLACEMENT, nodes
 
 
 class MASAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
@@ -35,9 +35,9 @@ class MASAgentLoopManager(AgentLoopManagerTQ):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.agent_loop_workers_class = ray.remote(MASAgentLoopWorker)
-
+        self.worker_nodes: list[str] = []  # the Ray node of each agent-loop worker
 
     async def _init_agent_loop_workers(self):
         await super()._init_agent_loop_workers()  # verl places them round-robin over the nodes
-        nodes = ray.get([w.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for w in self.agent_loop_workers])
-        print(f"{PLACEMENT} {json.dumps({'episodes': nodes})}", flush=True)
+        self.worker_nodes = nodes(self.agent_loop_workers)
+        print(f"{PLACEMENT} {json.dumps({'episodes': self.worker_nodes})}", flush=True)

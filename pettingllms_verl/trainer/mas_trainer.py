@@ -350,7 +350,8 @@ class MASTrainer(PPOTrainerSync):
         memory, or on a node that went away) stops the run with one message naming it."""
         try:
             if not self._episode_workers_named:  # verl hands the agent loop manager over in fit()
-                self._actor_names.update(name_actors(self.agent_loop_manager.agent_loop_workers, "episode worker {}"))
+                manager = self.agent_loop_manager
+                self._actor_names.update(name_actors(manager.agent_loop_workers, "episode worker {}", manager.worker_nodes))
                 self._episode_workers_named = True
             return super().step(metrics, timing_raw)
         except ray.exceptions.RayActorError as error:
