@@ -8,9 +8,13 @@ pool that no node can hold would wait forever. ``unplaceable`` finds such a pool
 
 from __future__ import annotations
 
+import os
+import uuid
 from typing import Any
 
 import ray
+
+from pettingllms_verl.config import SECTION
 
 PLACEMENT = "pettingllms_verl placement:"  # the line naming each group's trainer and server nodes
 
@@ -31,6 +35,40 @@ def unplaceable(pools: dict[str, list[int]], node_slots: dict[str, float]) -> tu
             return name, slots, free
         free[node] -= slots
     return None
+
+
+def refusal(pools: dict[str, list[int]], node_slots: dict[str, float], resource: str, colocate: int) -> str | None:
+    """Why ``pools`` cannot be placed on the live nodes (``node_slots``: node id -> its slots of
+    ``resource``, each with ``colocate`` CPUs), naming the key to change; None when they can.
+    A pool asking for more nodes than are alive names its ``nnodes``, else its ``n_gpus_per_node``."""
+    missing = unplaceable(pools, node_slots)
+    if missing is None:
+        return None
+    pool, slots, free = missing
+    section = "trainer" if pool == "global_pool" else f"{SECTION}.policies.{pool.removeprefix('policy_')}"
+    held = f"each live node's {resource} slots with {colocate} CPUs each, left after the larger pools: {free}"
+    asked = len(pools[pool])
+    if asked > 1 and sum(left >= slots for left in node_slots.values()) < asked:
+        return (f"{section}.nnodes: pool {pool} asks for {asked} nodes of {slots} {resource} slots, and "
+                f"{len(node_slots)} nodes are alive ({held}); lower {section}.nnodes, or start more nodes "
+                f"(`ray start --address=<head>` on each)")
+    key = f"{section}.n_gpus_per_node"
+    return (f"{key}: pool {pool} needs {slots} {resource} slots on one node, and no live node has them "
+            f"({held}); lower {key}, or add a node that holds {slots}")
+
+
+def blind_nodes(folder: str, actors: list, where: list[str]) -> list[str]:
+    """The nodes among ``where`` (``actors``' nodes) that do not see ``folder`` as this process
+    does: a file written into it here is not there (a local disk, a mount missing, a relative path
+    against another working directory). ``folder`` is created if missing."""
+    os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, f".visible-{uuid.uuid4().hex}")
+    open(marker, "w").close()
+    try:
+        seen = ray.get([actor.__ray_call__.remote(lambda _, path: os.path.exists(path), marker) for actor in actors])
+    finally:
+        os.remove(marker)
+    return sorted({node for node, ok in zip(where, seen) if not ok})
 
 
 def nodes(actors: list) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -49,26 +50,42 @@ class LocalCluster:
     (trainer ranks on CPU; per node name where a dict, 1 for a name it lacks) and a custom resource
     of its name."""
 
-    def __init__(self, names: list[str] = ("a", "b"), gpus: int | dict[str, int] = 1, cpus: int = 8):
-        self.port = free_port()
-        self.address = f"{LOOPBACK}:{self.port}"
+    def __init__(self, names: list[str] = ("a", "b"), gpus: int | dict[str, int] = 1, cpus: int = 8,
+                 hide: dict[str, list[str]] | None = None):
         # short: Ray's socket paths under it must fit AF_UNIX's 107 bytes
         self.temp_dirs = [Path(tempfile.mkdtemp(prefix=f"ray{name}")) for name in names]
         self.names = list(names)
         try:
-            for i, (name, temp_dir) in enumerate(zip(names, self.temp_dirs)):
-                where = ["--head", f"--port={self.port}", "--include-dashboard=false"] if i == 0 else [f"--address={self.address}"]
+            for i, name in enumerate(names):
                 slots = gpus.get(name, 1) if isinstance(gpus, dict) else gpus
-                self._ray("start", *where, f"--node-ip-address={LOOPBACK}", f"--num-cpus={cpus}", f"--num-gpus={slots}",
-                          f"--resources={json.dumps({f'node_{name}': 1})}", f"--temp-dir={temp_dir}", "--disable-usage-stats")
+                options = [f"--node-ip-address={LOOPBACK}", f"--num-cpus={cpus}", f"--num-gpus={slots}",
+                           f"--resources={json.dumps({f'node_{name}': 1})}", f"--temp-dir={self.temp_dirs[i]}", "--disable-usage-stats"]
+                hidden = (hide or {}).get(name, [])
+                if i > 0:
+                    self._start(hidden, f"--address={self.address}", *options)
+                    continue
+                for attempt in (1, 2, 3):  # the free port may be taken before Ray binds it: another port then
+                    self.port = free_port()
+                    self.address = f"{LOOPBACK}:{self.port}"
+                    if self._start(hidden, "--head", f"--port={self.port}", "--include-dashboard=false", *options, last=attempt == 3):
+                        break
+                    self.kill(0)
             self.wait_for(len(names))
         except BaseException:
             self.kill()
             raise
 
-    def _ray(self, *args: str) -> None:
-        result = subprocess.run([*RAY, *args], capture_output=True, text=True, timeout=180, env=self.env())
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    def _start(self, hidden: list[str], *args: str, last: bool = True) -> bool:
+        """`ray start` with ``args``; a node that must not see the folders ``hidden`` starts in a
+        mount namespace of its own with an empty tmpfs over each (``unshare``: as a machine without
+        that mount). False where it failed and ``last`` is false."""
+        command = [*RAY, "start", *args]
+        if hidden:
+            mounts = " && ".join(f"mount -t tmpfs none {shlex.quote(path)}" for path in hidden)
+            command = ["unshare", "--map-root-user", "--mount", "sh", "-c", f"{mounts} && exec {shlex.join(command)}"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=180, env=self.env())
+        assert result.returncode == 0 or not last, result.stdout[-3000:] + result.stderr[-3000:]
+        return result.returncode == 0
 
     def main_ppo_args(self, *overrides: str, worker_env: dict[str, str] | None = None) -> list[str]:
         """``main_ppo``'s arguments for a recipe run joining this cluster: Ray refuses num_cpus and

@@ -17,6 +17,7 @@ class FaultyPlanPath(PlanPathEnv):
         "fail_once_exists": "every step raises once this path exists (a run's checkpoint tracker: from the step after it)",
         "fail_first_once": "a path: the first episode to create it (O_EXCL, across processes) raises before its first reply",
         "hold_dir": "each prompt writes <dir>/started, then waits until <dir>/go exists (up to 10 minutes)",
+        "hold_after": "a path: hold_dir holds only once it exists (a run's checkpoint tracker: from the step after it)",
     }
 
     def reset(self, seed, task=None):
@@ -33,8 +34,8 @@ class FaultyPlanPath(PlanPathEnv):
                 pass
             else:
                 raise RuntimeError(f"the environment broke before the first reply ({once})")
-        hold = self.config.get("hold_dir")
-        if hold:
+        hold, after = self.config.get("hold_dir"), self.config.get("hold_after")
+        if hold and (not after or os.path.exists(after)):
             open(os.path.join(hold, "started"), "w").close()
             deadline = time.monotonic() + 600
             while not os.path.exists(os.path.join(hold, "go")) and time.monotonic() < deadline:

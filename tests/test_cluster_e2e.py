@@ -5,6 +5,7 @@ train across nodes, and a run killed with its whole cluster resumes on a cluster
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -38,8 +39,9 @@ def test_a_policy_per_node_with_its_servers_episodes_on_both_then_killed_with_th
     """L2, plan_policy on a pool of its own: one policy's trainer rank per node (1 Ray GPU slot
     each), each policy's server on its rank's node, an episode worker per node, each running the
     tool's programs in its node's sandbox. SIGKILLed with every node of the cluster once step 1 is
-    logged; on a new cluster, its nodes started in the other order, a pool no node can hold is
-    refused at placement, and the run resumes at step 2 with each policy's optimizer state and weights."""
+    logged; on a new cluster, its nodes started in the other order, a pool no node can hold and a
+    checkpoint folder one node does not see are refused, and the run resumes at step 2 with each
+    policy's optimizer state and weights."""
     checkpoints = artifacts / "checkpoints" / "cluster_l2"
     first_log, output = tmp_path / "first.jsonl", tmp_path / "first.out"
     with LocalCluster(names=["a", "b"]) as cluster:
@@ -60,14 +62,23 @@ def test_a_policy_per_node_with_its_servers_episodes_on_both_then_killed_with_th
     at_kill = finished_steps(checkpoints)
     assert at_kill == 1
 
-    second_log = tmp_path / "second.jsonl"
-    with LocalCluster(names=["b", "a"]) as cluster:
+    second_log, elsewhere = tmp_path / "second.jsonl", tmp_path / "mounted_on_b_only"
+    elsewhere.mkdir()
+    with LocalCluster(names=["b", "a"], hide={"a": [str(elsewhere)]}) as cluster:
         # first, a pool that no node holds: both policies on the trainer's pool of 2 slots on one node
         refused = launch.main_ppo(*cluster.main_ppo_args("--config-name", "plan_path_mas_full_cpu", "trainer.n_gpus_per_node=2",
                                                          "trainer.experiment_name=cluster_too_big"),
                                   timeout=600, cwd=artifacts, env=env(cluster, artifacts))
         assert refused.returncode != 0
         assert "trainer.n_gpus_per_node: pool global_pool needs 2 GPU slots on one node, and no live node has them" in refused.stderr
+        # then checkpoints in a folder node a does not see (its own empty mount there): refused before step 1
+        refused = launch.main_ppo(*run_args(cluster, tmp_path / "refused.jsonl", *L2_ON_TWO_NODES, f"trainer.default_local_dir={elsewhere}"),
+                                  timeout=600, cwd=artifacts, env=env(cluster, artifacts))
+        assert refused.returncode != 0 and not (tmp_path / "refused.jsonl").exists()
+        blind, here = re.search(rf"trainer.default_local_dir: {elsewhere} is not the same folder on node\(s\) (\w+) .* as on this node \((\w+)\)",
+                                refused.stderr).groups()  # the node of verl's TaskRunner, which writes the checkpoint's own files
+        assert {blind, here} == set(cluster.node_ids().values())
+        assert list(elsewhere.iterdir()) == []  # its marker removed
         result = launch.main_ppo(*run_args(cluster, second_log, *L2_ON_TWO_NODES), timeout=1200, cwd=artifacts,
                                  env=env(cluster, artifacts))
     assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
@@ -91,7 +102,6 @@ def test_adapters_on_a_pool_spanning_two_nodes_train_as_data_parallel_ranks_and_
     served, trained and synced across the two nodes. Then one of them dies (every process of it, its
     trainer rank, server and episode worker, SIGKILLed) in step 2: the run stops, within a bound, with
     one message naming what died and its node."""
-    import re
     import signal
     import subprocess
     import time

@@ -56,7 +56,7 @@ from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
-from pettingllms_verl.placement import PLACEMENT, name_actors, named_by_ray, nodes_of, unplaceable, who
+from pettingllms_verl.placement import PLACEMENT, actors_of, blind_nodes, name_actors, named_by_ray, nodes_of, refusal, who
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
 
@@ -264,15 +264,9 @@ class MASTrainer(PPOTrainerSync):
         resource = get_platform().ray_resource_name()
         nodes = {node["NodeID"]: min(node["Resources"].get(resource, 0), node["Resources"].get("CPU", 0) // colocate)
                  for node in ray.nodes() if node["Alive"]}
-        missing = unplaceable(spec, nodes)
-        if missing is not None:
-            pool, slots, free = missing
-            key = "trainer.n_gpus_per_node" if pool == "global_pool" else f"{SECTION}.policies.{pool.removeprefix('policy_')}.n_gpus_per_node"
-            raise ValueError(
-                f"{key}: pool {pool} needs {slots} {resource} slots on one node, and no live node has them "
-                f"(each node's {resource} slots with {colocate} CPUs each, left after the larger pools: {free}); "
-                f"lower {key}, or add a node that holds {slots}"
-            )
+        problem = refusal(spec, nodes, resource, colocate)
+        if problem is not None:
+            raise ValueError(problem)
 
     def _setup(self):
         super()._setup()  # the first group, its replicas and sync, reward loop; checkpoint load deferred
@@ -285,7 +279,26 @@ class MASTrainer(PPOTrainerSync):
         print(f"{PLACEMENT} {json.dumps(placement)}", flush=True)  # what runs on which Ray node (docs/cluster.md)
         self._actor_names = who(self.groups, placement)  # Ray actor id -> what and where, for a death's message
         self._episode_workers_named = False
+        self._check_checkpoint_folder(placement)
         self._load_checkpoint()
+
+    def _check_checkpoint_folder(self, placement: dict[str, dict[str, list[str]]]) -> None:
+        """Every trainer rank writes its shards into trainer.default_local_dir and reads them back
+        on resume, beside this process's files: a node that does not see the folder as this
+        process does would save a checkpoint no resume can find whole. Refused before step 1."""
+        trainer = self.config.trainer
+        if trainer.save_freq <= 0 and trainer.resume_mode == "disable":
+            return
+        folder = str(trainer.default_local_dir)
+        for name, group in self.groups.items():
+            blind = blind_nodes(folder, actors_of(group)["trainer"], placement[name]["trainer"])
+            if blind:
+                raise ValueError(
+                    f"trainer.default_local_dir: {folder} is not the same folder on node(s) {', '.join(blind)} "
+                    f"(trainer ranks of {name}) as on this node ({ray.get_runtime_context().get_node_id()}): "
+                    "a file written here is not there. Every node must see one folder for checkpoints to resume: "
+                    "an absolute path on storage every node mounts (docs/cluster.md)."
+                )
 
     def _group(self, name: str, config, worker_group, servers, sync) -> PolicyGroup:
         policies = self.group_policies[name]
@@ -356,7 +369,8 @@ class MASTrainer(PPOTrainerSync):
             return super().step(metrics, timing_raw)
         except ray.exceptions.RayActorError as error:
             what = self._actor_names.get(error.actor_id or "") or named_by_ray(error.actor_id)
-            cause = " ".join(str(error).strip().splitlines()[:3])
+            said = str(error).strip().splitlines()  # Ray's: what happened, the actor's details, why it died
+            cause = " ".join([said[0], *(line for line in said[1:] if "dead because" in line)])
             raise RunStopped(
                 f"{STOPPED} training step {self.global_steps}: {what} died: {cause}\n"
                 "The last checkpoint is intact: the same command with trainer.resume_mode=auto continues from it."
