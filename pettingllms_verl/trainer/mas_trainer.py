@@ -287,11 +287,14 @@ class MASTrainer(PPOTrainerSync):
         on resume, beside this process's files: a node that does not see the folder as this
         process does would save a checkpoint no resume can find whole. Refused before step 1."""
         trainer = self.config.trainer
-        if trainer.save_freq <= 0 and trainer.resume_mode == "disable":
-            return
+        if trainer.val_only or (trainer.save_freq <= 0 and trainer.resume_mode == "disable"):
+            return  # nothing is saved to it nor resumed from it
         folder = str(trainer.default_local_dir)
         for name, group in self.groups.items():
-            blind = blind_nodes(folder, actors_of(group)["trainer"], placement[name]["trainer"])
+            try:
+                blind = blind_nodes(folder, actors_of(group)["trainer"], placement[name]["trainer"])
+            except OSError as error:
+                raise ValueError(f"trainer.default_local_dir: checkpoints cannot be written to {folder}: {error}") from None
             if blind:
                 raise ValueError(
                     f"trainer.default_local_dir: {folder} is not the same folder on node(s) {', '.join(blind)} "
