@@ -44,7 +44,7 @@ def prepare(root: str, models: list[str]) -> dict[str, str]:
     from pettingllms_verl.envs.splits import generate_splits
     from pettingllms_verl.models.tiny import build, warm_start
 
-    for split, rows in generate_splits("plan_path", {"train": 64, "test": 4}, {"size": 6}, log=lambda _: None).items():
+    for split, rows in generate_splits("plan_path", {"train": 64, "val": 4, "test": 4}, {"size": 6}, log=lambda _: None).items():
         write_parquet(rows, os.path.join(root, "data", "plan_path_6x6", f"{split}.parquet"))
     paths = {}
     if "tiny" in models:

@@ -182,6 +182,16 @@ def test_two_data_parallel_ranks_on_two_nodes_get_whole_groups_and_keep_sharing_
     assert abs(metrics[0]["actor/kl_loss"]) < 1e-6 < metrics[1]["actor/kl_loss"]  # one optimizer step per training step
 
 
+def write_math_fixture(artifacts) -> None:
+    """The math problems shipped with the package as data/math_fixture: 4 for val, the rest for train."""
+    from pettingllms_verl.data.sources import disjoint_splits, write_splits
+    from pettingllms_verl.envs.base import fixture_tasks
+    from pettingllms_verl.envs.math.env import FIXTURE
+
+    tasks = list(fixture_tasks(FIXTURE))
+    write_splits(disjoint_splits("math", tasks[4:], tasks[:4], None, None, val=4), str(artifacts / "data" / "math_fixture"), "team_artifacts")
+
+
 @pytest.fixture(scope="module")
 def team_artifacts(artifacts, warm_model):
     """Warm-started tiny models for math and code; math's shipped problems; for code, problems on
@@ -191,14 +201,11 @@ def team_artifacts(artifacts, warm_model):
     test (9 of 192 samples), and in one CI run all 48 coder replies failed."""
     from pettingllms_verl import envs
     from pettingllms_verl.data.sources import disjoint_splits, write_splits
-    from pettingllms_verl.envs.base import fixture_tasks
-    from pettingllms_verl.envs.math.env import FIXTURE
     from pettingllms_verl.models.tiny import STDIN_PROGRAMS, _python
 
     for env in ("math", "code"):
         warm_model(env, artifacts / f"tiny_model_{env}")
-    math_tasks = list(fixture_tasks(FIXTURE))
-    write_splits(disjoint_splits("math", math_tasks[4:], math_tasks[:4], None, None, val=4), str(artifacts / "data" / "math_fixture"), "team_artifacts")
+    write_math_fixture(artifacts)
     lines = ["7", "3 5", "9 2", "4", "1 8", "6 6", "2", "5 1"]
     largest = [{"problem": f"Print the largest number on the line (set {i}).", "solution": "print(max(map(int, input().split())))",
                 "tests": [{"input": f"{line}\n", "output": f"{max(map(int, line.split()))}\n"} for line in ("1", "2 1", lines[i])]}

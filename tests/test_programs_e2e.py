@@ -1,6 +1,8 @@
-"""A team program trained through ``main_ppo``: the example Plan-Path program (bare ``openai``
-client, ``examples/agents/plan_path_openai.py``), each agent on its own policy, its calls served
-through the gateway by the rollout's servers and trained with AT-GRPO."""
+"""Team programs trained through ``main_ppo``, their calls served through the gateway by the
+rollout's servers and trained with AT-GRPO: the example Plan-Path team with the bare ``openai``
+client (``examples/agents/plan_path_openai.py``, an agent per policy), evaluated as the OpenAI Agents
+SDK version of the same team (``plan_path_agents_sdk.py``); the LangGraph math team (a solver and a
+verifier, ``math_solver_verifier.py``) on one shared policy."""
 
 import html
 import json
@@ -12,11 +14,18 @@ import pytest
 
 import launch
 
-from test_programs import EXAMPLE
-from test_mas_e2e import RECIPES, artifacts, dumped_rows, run_recipe  # noqa: F401 (artifacts: the module's fixture)
+from test_programs import EXAMPLES
+from test_mas_e2e import RECIPES, artifacts, dumped_rows, run_recipe, write_math_fixture  # noqa: F401 (artifacts: the module's fixture)
 
 pytestmark = pytest.mark.slow
-PROGRAM = f"pettingllms.program.target={os.path.abspath(EXAMPLE)}:team"  # the tests start main_ppo in their artifacts folder
+
+
+def program(example: str) -> str:
+    """The override that plays ``examples/agents/<example>.py`` (an absolute path: the tests start main_ppo in their artifacts folder)."""
+    return f"pettingllms.program.target={os.path.abspath(os.path.join(EXAMPLES, example))}.py:team"
+
+
+PROGRAM = program("plan_path_openai")
 
 
 def test_a_program_trains_a_full_model_and_an_adapter_with_tree_sampling_by_replay(artifacts):
@@ -44,12 +53,13 @@ def test_a_program_trains_a_full_model_and_an_adapter_with_tree_sampling_by_repl
         assert len({(row["mas_role"], row["mas_turn"], row["mas_node"]) for row in group}) == 1
         assert sum(row["mas_chosen"] for row in group) == 1
 
-    # pettingllms-eval plays the trained program as trained and with the two policies swapped; the viewer shows its calls per agent
+    # pettingllms-eval plays the trained team, written with the Agents SDK, as trained and with the two
+    # policies swapped; the viewer shows its calls per agent
     out = artifacts / "program_eval"
     checkpoints = artifacts / "checkpoints" / "plan_path_program_cpu"
     result = launch.run(
         [sys.executable, "-m", "pettingllms_verl.eval", f"team=plan_path_program_cpu@{checkpoints}", "--select", "latest",
-         "--split", "val", "--episodes", "2", "--out", str(out), "--recipes", RECIPES, "--set", PROGRAM,
+         "--split", "val", "--episodes", "2", "--out", str(out), "--recipes", RECIPES, "--set", program("plan_path_agents_sdk"),
          "--set", "+pettingllms.policies.plan_policy.adapter.rank=8"],
         timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
     )
@@ -70,21 +80,24 @@ def test_a_program_trains_a_full_model_and_an_adapter_with_tree_sampling_by_repl
     assert all(html.escape(s["reply"]) in shown for e in episodes for s in e["samples"])  # every call's reply, escaped
 
 
-def test_a_program_on_one_shared_policy_with_independent_runs(artifacts):
-    """L0: one policy for both agents; rollout.n = 2 independent runs per problem, grouped by
-    (problem, call number, agent); validation plays each test problem once and reports success."""
+def test_a_langgraph_math_program_on_one_shared_policy_with_independent_runs(artifacts):
+    """L0: one policy for the solver and the verifier (the LangGraph math team, the warm-started
+    Plan-Path model: its tokenizer is math's); rollout.n = 2 independent runs per problem, grouped by
+    (problem, call number, agent); validation plays each val problem once and reports success."""
+    write_math_fixture(artifacts)
     dump = artifacts / "program_l0_batches"
     metrics = run_recipe(
-        artifacts, "plan_path_program_cpu", PROGRAM, "trainer.total_training_steps=1", "trainer.experiment_name=program_l0",
-        "~pettingllms.policies", "~pettingllms.roles.tool.policy", "~pettingllms.roles.plan.policy",  # none listed: one policy, shared
+        artifacts, "math_program_cpu", program("math_solver_verifier"), f"actor_rollout_ref.model.path={artifacts / 'tiny_model_plan_path'}",
+        "trainer.total_training_steps=1", "trainer.experiment_name=program_l0",
+        "~pettingllms.policies", "~pettingllms.roles.solver.policy", "~pettingllms.roles.verifier.policy",  # none listed: one policy, shared
         "pettingllms.rollout_mode=independent", "actor_rollout_ref.rollout.n=2", "trainer.test_freq=1",
         f"pettingllms.paths.batch_dump_dir={dump}",
     )
     data = metrics[-1]["data"]
-    assert data["policy/shared/rows"] > 0 and data["mas/program/runs_mean"] == 1.0
-    assert any(key.startswith("val-core/plan_path/") for key in data)
+    assert data["policy/shared/rows"] > 0 and data["mas/program/runs_mean"] == 1.0 and data["mas/episode_errors"] == 0
+    assert any(key.startswith("val-core/math/") for key in data)
     rows = dumped_rows(dump)
-    assert {row["mas_role"] for row in rows} == {"tool", "plan"} and {row["mas_policy"] for row in rows} == {"shared"}
+    assert {row["mas_role"] for row in rows} == {"solver", "verifier"} and {row["mas_policy"] for row in rows} == {"shared"}
     groups = defaultdict(list)
     for row in rows:
         groups[row["mas_group"]].append(row)
