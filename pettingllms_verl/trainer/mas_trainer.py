@@ -372,7 +372,7 @@ class MASTrainer(PPOTrainerSync):
             return super().step(metrics, timing_raw)
         except ray.exceptions.RayActorError as error:
             what = self._actor_names.get(error.actor_id or "") or named_by_ray(error.actor_id)
-            said = str(error).strip().splitlines()  # Ray's: what happened, the actor's details, why it died
+            said = str(error).strip().splitlines() or [type(error).__name__]  # Ray's: what happened, the actor's details, why it died
             cause = " ".join([said[0], *(line for line in said[1:] if "dead because" in line)])
             raise RunStopped(
                 f"{STOPPED} training step {self.global_steps}: {what} died: {cause}\n"
