@@ -243,10 +243,10 @@ def _check_policies(config: DictConfig) -> None:
     groups = settings.groups()
     if ADAPTER_GROUP in groups:
         _check_adapters(config, settings, groups)
-    if len(table) > 1 and _select(config, "algorithm.adv_estimator") != "at_grpo":
+    if len(table) > 1 and _select(config, "algorithm.adv_estimator") not in GROUPLESS:
         raise ConfigError(
             "algorithm.adv_estimator", f"{_select(config, 'algorithm.adv_estimator')!r} with several policies: its "
-            "groups (one per problem) would mix rows of different policies", "use at_grpo (groups keyed by role)",
+            "groups (one per problem) would mix rows of different policies", "use at_grpo (groups keyed by role) or gae",
         )
     if len(table) > 1 and _select(config, "actor_rollout_ref.actor.checkpoint.async_save"):
         raise ConfigError(
@@ -441,25 +441,38 @@ def _check_vllm(config: DictConfig, views: list[tuple[str | None, DictConfig]]) 
 
 
 # verl's estimators the mas_sync trainer runs on per-turn team rows (docs/training.md says what each does)
-TEAM_ESTIMATORS = ("at_grpo", "grpo", "rloo", "reinforce_plus_plus")
+TEAM_ESTIMATORS = ("at_grpo", "grpo", "rloo", "reinforce_plus_plus", "gae")
+GROUPLESS = ("at_grpo", "gae")  # no group spans two policies: at_grpo keys its groups by role, gae has none
 
 
 def _check_team_estimator(config: DictConfig) -> None:
     """An estimator the mas_sync trainer cannot train with, refused with the reason."""
+    from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load
+
     estimator = _select(config, "algorithm.adv_estimator")
     key = "algorithm.adv_estimator"
-    if estimator == "gae" or _select(config, "critic.enable"):
-        raise ConfigError(
-            "critic.enable" if estimator != "gae" else key, "a critic with the mas_sync trainer: it builds no value model "
-            "per policy, and a team row's value would have to be learnt per role and turn", f"use one of {TEAM_ESTIMATORS}",
-        )
     if estimator not in TEAM_ESTIMATORS:
         raise ConfigError(key, f"{estimator!r} with the mas_sync trainer: it has not been run on per-turn team rows "
                           "(some need fields or generations these rows do not have)", f"use one of {TEAM_ESTIMATORS}")
-    if estimator != "at_grpo" and _select(config, "pettingllms.rollout_mode") in (None, "tree"):
+    critic = _select(config, "critic.enable")
+    critic = estimator == "gae" if critic is None else bool(critic)  # verl's need_critic
+    if critic and estimator != "gae":
+        raise ConfigError("critic.enable", f"a critic with {estimator!r}: no advantage would read its values",
+                          "set algorithm.adv_estimator=gae, or critic.enable=false")
+    if estimator == "gae" and not critic and not _select(config, "trainer.val_only"):
+        raise ConfigError("critic.enable", "false with gae: GAE's advantages are returns minus the critic's values",
+                          "set critic.enable=true, or another estimator")
+    if critic and ADAPTER_GROUP in load(config.get(SECTION)).groups():
+        raise ConfigError(
+            "critic.enable", "a critic with LoRA-adapter policies: verl's value model is a model of its own with one "
+            "value head, and a value head per adapter would need a multi-adapter critic (docs/training.md)",
+            "give the roles full-model policies (a critic each) or one shared policy, or use at_grpo",
+        )
+    if estimator not in GROUPLESS and _select(config, "pettingllms.rollout_mode") in (None, "tree"):
         raise ConfigError(
             key, f"{estimator!r} with tree sampling: a tree is one episode per problem, so every row would get the same "
-            "return and the K branches of a node would not be told apart (only at_grpo groups by node)",
+            "return and the K branches of a node would not be told apart (only at_grpo groups by node, and gae "
+            "values each row on its own)",
             "set pettingllms.rollout_mode=independent with actor_rollout_ref.rollout.n > 1, or use at_grpo",
         )
 

@@ -8,8 +8,9 @@ the LoRA-adapter policies share one group on the base model, an adapter each (L1
 
     rollout (each role's requests go to its policy's replicas [and adapter])
     -> per policy: pad its own rows, old log-probs [+ ref] on its group [with its adapter active]
+       [+ values from its critic (gae)]
     -> one advantage pass over all rows (an AT-GRPO group never spans two policies)
-    -> per trainable policy: update on its own rows
+    -> per trainable policy: [update its critic,] update its actor on its own rows
     -> weight sync of every trainable policy (strictly on-policy: checked per policy next step)
 
 It adds the ``mas/``, ``at_grpo/`` and ``policy/<name>/`` metrics, a checkpoint per policy, the
@@ -27,6 +28,7 @@ import re
 import shutil
 import time
 from collections import Counter, defaultdict
+from functools import partial
 
 import numpy as np
 import ray
@@ -38,6 +40,7 @@ from transfer_queue import KVBatchMeta
 from verl.checkpoint_engine import CheckpointEngineManager
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, create_colocated_worker_cls
 from verl.plugin.platform import get_platform
+from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -47,14 +50,17 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
 from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+from verl.workers.engine_workers import TrainingWorkerConfig
 from verl.workers.rollout.llm_server import LLMServerManager
+from verl.workers.utils.losses import value_loss
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
-from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, ROW_TEMPERATURE, SECTION, VAL_METRICS, load, policy_config
+from pettingllms_verl.config import ADAPTER_GROUP, CRITICS_DIR, POLICIES_DIR, ROW_TEMPERATURE, SECTION, VAL_METRICS, load, policy_config
 from pettingllms_verl.files import write_whole
 from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
+from pettingllms_verl.trainer.critic import ValueModelWorker
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.placement import PLACEMENT, actors_of, blind_nodes, name_actors, named_by_ray, nodes_of, refusal, who
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
@@ -115,6 +121,20 @@ def _with_column(batches, name: str, value):
     for batch in batches:
         batch[name] = np.full(len(batch["raw_prompt"]), value, dtype=object)
         yield batch
+
+
+def explained_variance(values: list[torch.Tensor], returns: list[torch.Tensor], masks: list[torch.Tensor]) -> float:
+    """verl's ``critic/vf_explained_var`` over some rows: 1 - Var(returns - values) / Var(returns)
+    over their response tokens.
+
+    Args:
+        values, returns, masks: per row, (response_len,) each.
+    """
+    keep = torch.cat([mask.bool() for mask in masks])
+    value, ret = torch.cat(values)[keep].float(), torch.cat(returns)[keep].float()
+    if ret.numel() < 2:
+        return float("nan")
+    return float(1.0 - torch.var(ret - value) / (torch.var(ret) + 1e-5))
 
 
 def check_groups_within_policies(index, policies: list[str]) -> None:
@@ -239,13 +259,13 @@ class MASTrainer(PPOTrainerSync):
 
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
-        if self.use_critic:
-            raise ValueError("mas_sync trains GRPO-style estimators: a critic (algorithm.adv_estimator=gae) is not supported")
         self._actor_role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
         # verl's hybrid worker with the shared-prefix forward (actor.use_prefix_grouper), for full-model groups
         self._full_model_worker = ray.remote(SharedPrefixActorRolloutRefWorker)
         first = MultiLoRAActorRolloutRefWorker if self.first_group == ADAPTER_GROUP else SharedPrefixActorRolloutRefWorker
         self.role_worker_mapping[self._actor_role] = ray.remote(first)
+        if self.use_critic:
+            self.role_worker_mapping[Role.Critic] = ray.remote(ValueModelWorker)
         spec = dict(self.resource_pool_manager.resource_pool_spec)
         trainer = self.config.trainer
         for name in self.group_policies:
@@ -270,7 +290,8 @@ class MASTrainer(PPOTrainerSync):
 
     def _setup(self):
         super()._setup()  # the first group, its replicas and sync, reward loop; checkpoint load deferred
-        self.groups = {self.first_group: self._group(self.first_group, self.config, self.actor_rollout_wg, self.llm_server_manager, self.checkpoint_manager)}
+        critic = self.critic_wg if self.use_critic else None  # verl's, in the first group's processes
+        self.groups = {self.first_group: self._group(self.first_group, self.config, self.actor_rollout_wg, self.llm_server_manager, self.checkpoint_manager, critic)}
         for name in list(self.group_policies)[1:]:
             self.groups[name] = self._build_group(name)
         self.checkpoint_manager = MultiCheckpointManager(list(self.groups.values()))
@@ -303,11 +324,11 @@ class MASTrainer(PPOTrainerSync):
                     "an absolute path on storage every node mounts (docs/cluster.md)."
                 )
 
-    def _group(self, name: str, config, worker_group, servers, sync) -> PolicyGroup:
+    def _group(self, name: str, config, worker_group, servers, sync, critic=None) -> PolicyGroup:
         policies = self.group_policies[name]
         return PolicyGroup(
             name, any(self.policy_table[p].trainable for p in policies), config, worker_group, servers, sync,
-            adapters=tuple(policies) if name == ADAPTER_GROUP else (),
+            adapters=tuple(policies) if name == ADAPTER_GROUP else (), critic=critic,
         )
 
     def _build_group(self, name: str) -> PolicyGroup:
@@ -322,18 +343,36 @@ class MASTrainer(PPOTrainerSync):
         role = self._actor_role
         pool_name = "global_pool" if self.policy_table[name].pool == "shared" else f"policy_{name}"
         pool = self.resource_pool_manager.resource_pool_dict[pool_name]
-        worker = RayClassWithInitArgs(cls=self._full_model_worker, config=config.actor_rollout_ref, role=str(role))
-        group = RayWorkerGroup(
-            resource_pool=pool,
-            ray_cls_with_init=create_colocated_worker_cls(class_dict={str(role): worker}),
-            device_name=self.config.trainer.device,
-        ).spawn(prefix_set=[str(role)])[str(role)]
+        classes = {str(role): RayClassWithInitArgs(cls=self._full_model_worker, config=config.actor_rollout_ref, role=str(role))}
+        critic = self.use_critic and self.policy_table[name].trainable  # a frozen policy's rows need no values
+        if critic:
+            classes[str(Role.Critic)], critic_config = self._critic_class(config)
+        workers = RayWorkerGroup(
+            resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(class_dict=classes), device_name=self.config.trainer.device,
+        ).spawn(prefix_set=list(classes))
+        group = workers[str(role)]
         group.init_model()
+        if critic:
+            critic = workers[str(Role.Critic)]
+            critic.reset()  # builds the value model (verl's TrainingWorker), as verl's _setup does
+            critic.set_loss_fn(partial(value_loss, config=critic_config))
         servers = LLMServerManager.create(config=config, worker_group=group, rollout_resource_pool=pool)
         sync_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
         sync_config.backend = "naive"  # as verl's own sync trainer
         sync = CheckpointEngineManager(config=sync_config, actor_wg=group, replicas=servers.get_replicas())
-        return self._group(name, config, group, servers, sync)
+        return self._group(name, config, group, servers, sync, critic or None)
+
+    def _critic_class(self, config):
+        """verl's value-model worker for one policy's config (as verl's _setup builds the critic):
+        the class to colocate with the policy's actor, and the critic config its loss reads."""
+        critic_config = omega_conf_to_dataclass(config.critic)
+        critic_config.engine.infer_max_token_len_per_gpu = critic_config.ppo_infer_max_token_len_per_gpu
+        critic_config.engine.max_token_len_per_gpu = critic_config.ppo_infer_max_token_len_per_gpu
+        worker_config = TrainingWorkerConfig(
+            model_type="value_model", model_config=critic_config.model, engine_config=critic_config.engine,
+            optimizer_config=critic_config.optim, checkpoint_config=critic_config.checkpoint,
+        )
+        return RayClassWithInitArgs(cls=self.role_worker_mapping[Role.Critic], config=worker_config), critic_config
 
     def get_llm_client(self) -> PolicyRouterClient:
         clients = {name: group.servers.get_client() for name, group in self.groups.items()}
@@ -349,15 +388,16 @@ class MASTrainer(PPOTrainerSync):
     @contextlib.contextmanager
     def _serving(self, group: PolicyGroup):
         """verl's per-batch methods, pointed at one policy's worker group and config."""
-        saved = self.actor_rollout_wg, getattr(self, "ref_policy_wg", None), self.config
+        saved = self.actor_rollout_wg, getattr(self, "ref_policy_wg", None), getattr(self, "critic_wg", None), self.config
         self.actor_rollout_wg = group.worker_group
         if self.use_reference_policy:
             self.ref_policy_wg = group.worker_group  # ref lives in the actor's process (ActorRolloutRef)
+        self.critic_wg = group.critic
         self.config = group.config
         try:
             yield
         finally:
-            self.actor_rollout_wg, self.ref_policy_wg, self.config = saved
+            self.actor_rollout_wg, self.ref_policy_wg, self.critic_wg, self.config = saved
 
     # ------------------------------ one training step ------------------------------
 
@@ -408,6 +448,8 @@ class MASTrainer(PPOTrainerSync):
                     parts[name] = self._compute_old_log_prob(part, metrics=per_policy[name])
                     if self.use_reference_policy:
                         parts[name] = self._compute_ref_log_prob(parts[name], metrics=per_policy[name])
+                    if self.use_critic:  # each policy's rows valued by its own critic
+                        parts[name] = self._compute_values(parts[name], metrics=per_policy[name])
                     parts[name].extra_info = {}  # per-policy settings (temperature, ...) must not clash in concat
         batch = KVBatchMeta.concat(list(parts.values()))
 
@@ -416,6 +458,21 @@ class MASTrainer(PPOTrainerSync):
         # the workers fetch the fields a batch lists: take the parts again, now with the advantages
         parts = {name: batch.select_keys(part.keys) for name, part in parts.items()}
 
+        if self.use_critic:
+            with marked_timer("update_critic", timing_raw, color="pink"):
+                for name, part in parts.items():
+                    group = self._group_of(name)
+                    if group.critic is None:
+                        continue
+                    real = [key for key, tag in zip(part.keys, part.tags) if not tag.get("is_padding", False)]
+                    rows = tq.kv_batch_get(keys=real, partition_id=part.partition_id, select_fields=["values", "returns", "response_mask"])
+                    # before its update: how well the values the advantages used explained the returns
+                    per_policy[name]["critic/vf_explained_var"] = explained_variance(
+                        *(list(rows[field].unbind(0)) for field in ("values", "returns", "response_mask"))
+                    )
+                    if self.policy_table[name].trainable:
+                        with self._serving(group):
+                            self._update_critic(part, metrics=per_policy[name])
         if self.config.trainer.critic_warmup <= self.global_steps:
             with marked_timer("update_actor", timing_raw, color="red"):
                 for name, part in parts.items():
@@ -526,16 +583,38 @@ class MASTrainer(PPOTrainerSync):
                 [bool(tag.get("is_padding", False)) for tag in batch.tags], self._dp_size(), mini_batches
             )
             batch.reorder(order)
+        with self._exactly_k_mini_batches(actor, len(batch)):
+            return super()._update_actor(batch, metrics)
+
+    def _compute_values(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if self.critic_wg is not None:
+            return super()._compute_values(batch, metrics)
+        # a frozen policy has no critic: its rows, never trained, enter GAE's pass over the batch valued 0
+        masks = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])["response_mask"]
+        zeros = [{"values": torch.zeros(len(mask))} for mask in masks.unbind(0)]
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(zeros))
+        return batch
+
+    def _update_critic(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        with self._exactly_k_mini_batches(self.config.critic, len(batch)):
+            return super()._update_critic(batch, metrics)
+
+    @contextlib.contextmanager
+    def _exactly_k_mini_batches(self, section, rows: int):
+        """With ``trainer.mini_batches_per_step`` = K, ``section.ppo_mini_batch_size`` (actor or critic)
+        set for the update so that its ``rows`` split into exactly K mini-batches."""
+        k = self.settings.trainer.mini_batches_per_step
         if k is None:
-            return super()._update_actor(batch, metrics)
-        configured = actor.ppo_mini_batch_size
-        with open_dict(actor):
-            actor.ppo_mini_batch_size = len(batch) // k // n
+            yield
+            return
+        configured = section.ppo_mini_batch_size
+        with open_dict(section):
+            section.ppo_mini_batch_size = rows // k // self.config.actor_rollout_ref.rollout.n
         try:
-            return super()._update_actor(batch, metrics)
+            yield
         finally:
-            with open_dict(actor):
-                actor.ppo_mini_batch_size = configured
+            with open_dict(section):
+                section.ppo_mini_batch_size = configured
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         """verl's step metrics read each row's weight versions as integers; an episode that failed
@@ -551,8 +630,9 @@ class MASTrainer(PPOTrainerSync):
         real = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
         rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"])
         tags = [dict(t) for t in rows["extra_fields"]]
-        regrouped = self.config.algorithm.adv_estimator == AT_GRPO or any(tag.get("mas_placeholder") for tag in tags)
-        if self.config.algorithm.adv_estimator == AT_GRPO:
+        own = self.config.algorithm.adv_estimator in (AT_GRPO, AdvantageEstimator.GAE)  # per-turn rewards; gae: each row its own trajectory
+        regrouped = own or any(tag.get("mas_placeholder") for tag in tags)
+        if own:
             self._own_rewards_and_groups(batch, real, rows["rm_scores"], tags)
         elif regrouped:
             self._placeholders_apart(batch, real, tags)
@@ -576,9 +656,9 @@ class MASTrainer(PPOTrainerSync):
 
     @staticmethod
     def _own_rewards_and_groups(batch, keys: list[str], rm_scores, tags: list[dict]) -> None:
-        """AT-GRPO rows: each keeps its own reward (verl's agent-loop worker copied the episode's
-        last one onto every row) and is grouped by its (problem, turn, role, node) key, not by
-        the problem's uid."""
+        """AT-GRPO and GAE rows: each keeps its own reward (verl's agent-loop worker copied the
+        episode's last one onto every row) and is grouped by its (problem, turn, role, node) key,
+        not by the problem's uid (GAE reads no groups)."""
         fields = []
         for scores, tag in zip(rm_scores.unbind(0), tags):
             own = torch.zeros_like(scores)
@@ -634,7 +714,7 @@ class MASTrainer(PPOTrainerSync):
 
     def _save_checkpoint(self):
         """``global_step_N/policies/<group>/`` per worker group (weights, optimizer, scheduler; the
-        adapter group also each adapter in peft format) and the dataloader, written under a
+        adapter group also each adapter in peft format), ``critics/<group>/`` per critic (gae) and the dataloader, written under a
         temporary name and renamed when complete; then the tracker file (renamed too), then older
         step folders beyond ``trainer.max_actor_ckpt_to_keep`` are removed. A run killed at any
         point leaves the last complete checkpoint named by the tracker, and no partial folder under
@@ -645,12 +725,15 @@ class MASTrainer(PPOTrainerSync):
         partial = step_dir + PARTIAL_SUFFIX
         shutil.rmtree(partial, ignore_errors=True)  # left by a run killed while saving this step
         for name, group in self.groups.items():
-            remote = None if trainer.default_hdfs_dir is None else os.path.join(
-                trainer.default_hdfs_dir, f"global_step_{self.global_steps}", POLICIES_DIR, name
-            )
-            # Retention is done below, over whole step folders: verl's would delete by the
-            # temporary paths it was given.
-            group.worker_group.save_checkpoint(os.path.join(partial, POLICIES_DIR, name), remote, self.global_steps, max_ckpt_to_keep=None)
+            for folder, workers in ((POLICIES_DIR, group.worker_group), (CRITICS_DIR, group.critic)):
+                if workers is None:
+                    continue
+                remote = None if trainer.default_hdfs_dir is None else os.path.join(
+                    trainer.default_hdfs_dir, f"global_step_{self.global_steps}", folder, name
+                )
+                # Retention is done below, over whole step folders: verl's would delete by the
+                # temporary paths it was given.
+                workers.save_checkpoint(os.path.join(partial, folder, name), remote, self.global_steps, max_ckpt_to_keep=None)
         os.makedirs(partial, exist_ok=True)
         torch.save(self.train_dataloader.state_dict(), os.path.join(partial, "data.pt"))
         shutil.rmtree(step_dir, ignore_errors=True)  # a stale one (e.g. a run restarted from an earlier step)
@@ -684,6 +767,12 @@ class MASTrainer(PPOTrainerSync):
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"{path}: no checkpoint of group {name!r} in {step_dir} (was it added to {SECTION}.policies later?)")
             group.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
+            if group.critic is not None:
+                path = os.path.join(step_dir, CRITICS_DIR, name)
+                if not os.path.isdir(path):
+                    raise FileNotFoundError(f"{path}: no critic of group {name!r} in {step_dir} (saved without one: train on from it "
+                                            "with the estimator it was saved with, or start a run of its own with critic.enable=true)")
+                group.critic.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
         data = os.path.join(step_dir, "data.pt")
         if os.path.exists(data):
             self.train_dataloader.load_state_dict(torch.load(data, weights_only=False))

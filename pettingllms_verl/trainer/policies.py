@@ -28,6 +28,7 @@ class PolicyGroup:
     sync: CheckpointEngineManager  # pushes its actor's weights to its replicas
     synced: bool = False  # a frozen group is synced once (after loading a checkpoint), then never again
     adapters: tuple[str, ...] = ()  # the adapter policies of the group (L1); () for a full model
+    critic: Any = None  # RayWorkerGroup of verl's value-model TrainingWorker (gae), in the actor's processes; None without one
 
 
 class PolicyRouterClient(LLMServerClient):
