@@ -40,9 +40,9 @@ def artifacts(tmp_path_factory, warm_model):
     return root
 
 
-def saved_policy(step_dir, policy: str) -> tuple[dict[str, torch.Tensor], set[int]]:
-    """A policy's saved parameters and the Adam step counts of its optimizer state."""
-    folder = step_dir / "policies" / policy
+def saved_policy(step_dir, policy: str, kind: str = "policies") -> tuple[dict[str, torch.Tensor], set[int]]:
+    """A policy's saved parameters and the Adam step counts of its optimizer state (``kind="critics"``: its critic's)."""
+    folder = step_dir / kind / policy
     model = torch.load(folder / "model_world_size_1_rank_0.pt", weights_only=False)
     optim = torch.load(folder / "optim_world_size_1_rank_0.pt", weights_only=False)
     params = {name: (t.to_local() if hasattr(t, "to_local") else t) for name, t in model.items()}

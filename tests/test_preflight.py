@@ -339,9 +339,9 @@ def mas_config(tmp_path, **overrides):
          "actor_rollout_ref.rollout.agent.agent_loop_manager_class", "needs the multi-agent manager"),
         ({"actor_rollout_ref.rollout.n": 4}, "actor_rollout_ref.rollout.n", "splitting identical root prompts"),
         ({"reward.reward_model.enable": "true"}, "reward.reward_model.enable", "overwrite the environments"),
-        ({"algorithm.adv_estimator": "gae"}, "algorithm.adv_estimator", "builds no value model per policy"),
+        ({"algorithm.adv_estimator": "gae", "critic.enable": "false"}, "critic.enable", "returns minus the critic's values"),
         ({"algorithm.adv_estimator": "grpo", "pettingllms.rollout_mode": "independent", "actor_rollout_ref.rollout.n": 4,
-          "critic.enable": "true"}, "critic.enable", "builds no value model per policy"),
+          "critic.enable": "true"}, "critic.enable", "no advantage would read its values"),
         ({"algorithm.adv_estimator": "remax"}, "algorithm.adv_estimator", "has not been run on per-turn team rows"),
         ({"algorithm.adv_estimator": "grpo"}, "algorithm.adv_estimator", "every row would get the same return"),
         ({"algorithm.adv_estimator": "reinforce_plus_plus"}, "algorithm.adv_estimator", "only at_grpo groups by node"),
@@ -354,7 +354,20 @@ def test_settings_that_disagree_are_refused(tmp_path, overrides, key, problem):
     assert error.value.key == key and problem in str(error.value), str(error.value)
 
 
-@pytest.mark.parametrize("estimator", ["at_grpo", "grpo", "rloo", "reinforce_plus_plus"])
+def test_gae_trains_with_a_critic_per_full_model_policy_and_is_refused_with_adapters(tmp_path, plan_path_rows, tiny_model_dir):
+    """PPO: one critic for a shared policy (L0), one per full-model policy (L2), in a tree or not; an
+    evaluation (val_only) builds none. LoRA-adapter policies (L1) would need a value head per adapter."""
+    gae = {"algorithm.adv_estimator": "gae"}
+    check(mas_config(tmp_path, **gae))  # verl's default: gae turns the critic on
+    check(mas_config(tmp_path, **gae, **{"critic.enable": "true", "pettingllms.rollout_mode": "independent", "actor_rollout_ref.rollout.n": 4}))
+    check(two_policies(tmp_path, plan_path_rows, **gae))
+    check(mas_config(tmp_path, **gae, **{"critic.enable": "false", "trainer.val_only": "true"}))
+    with pytest.raises(ConfigError, match="a value head per adapter") as error:
+        check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **gae))
+    assert error.value.key == "critic.enable"
+
+
+@pytest.mark.parametrize("estimator", ["at_grpo", "grpo", "rloo", "reinforce_plus_plus", "gae"])
 def test_independent_episodes_may_use_rollout_n(tmp_path, estimator):
     check(mas_config(tmp_path, **{"actor_rollout_ref.rollout.n": 4, "pettingllms.rollout_mode": "independent",
                                   "algorithm.adv_estimator": estimator}))

@@ -190,6 +190,7 @@ def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str, jobs: int =
         *run.overrides,
         "trainer.val_only=true",
         "trainer.val_before_train=true",
+        "critic.enable=false",  # a gae recipe's value models: an evaluation builds none and reads no critic of a checkpoint
         f"data.val_files={run.data_file}",
         f"data.val_max_samples={episodes if episodes else -1}",
         # verl draws a val_max_samples subset at random (unseeded) when data.shuffle is on, its default:

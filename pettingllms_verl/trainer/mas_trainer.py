@@ -454,7 +454,7 @@ class MASTrainer(PPOTrainerSync):
         batch = KVBatchMeta.concat(list(parts.values()))
 
         with marked_timer("adv", timing_raw, color="brown"):
-            batch = self._compute_advantage(batch, metrics=metrics)
+            batch = self._compute_advantage(batch, metrics=metrics, parts=parts)
         # the workers fetch the fields a batch lists: take the parts again, now with the advantages
         parts = {name: batch.select_keys(part.keys) for name, part in parts.items()}
 
@@ -626,7 +626,11 @@ class MASTrainer(PPOTrainerSync):
                     tag[name] = global_steps - 1
         return super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
 
-    def _compute_advantage(self, batch, metrics: dict):
+    def _compute_advantage(self, batch, metrics: dict, parts: dict[str, KVBatchMeta] | None = None):
+        """verl's advantage pass over the step's rows (``parts``: the batch by policy), after the
+        rows' own rewards and groups are set and the ``mas/`` metrics taken. GAE runs per policy:
+        verl whitens its advantages over the rows it is given, and each policy's rows are valued by
+        its own critic (a frozen policy's, by none)."""
         real = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
         rows = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"])
         tags = [dict(t) for t in rows["extra_fields"]]
@@ -649,7 +653,16 @@ class MASTrainer(PPOTrainerSync):
         if self.config.algorithm.adv_estimator == AT_GRPO:
             metrics.update(group_stats(index))
             metrics["at_grpo/zero_variance_frac"] = zero_variance_frac(scores, index)
-        batch = super()._compute_advantage(batch, metrics)
+        if self.config.algorithm.adv_estimator == AdvantageEstimator.GAE and parts:
+            found = {name: {} for name in parts}  # verl's metrics of each pass (rollout correction, ...): per policy, and their mean
+            batch = KVBatchMeta.concat([super(MASTrainer, self)._compute_advantage(part, found[name]) for name, part in parts.items()])
+            for key in set().union(*found.values()):
+                values = [per[key] for per in found.values() if key in per]
+                metrics.update({f"policy/{name}/{key}": per[key] for name, per in found.items() if key in per})
+                metrics[key] = float(np.mean(values))
+            batch.extra_info = batch.extra_info or {}  # as verl's pass returns it (concat leaves none)
+        else:
+            batch = super()._compute_advantage(batch, metrics)
         if self.settings.paths.batch_dump_dir:
             self._dump_batch(self.settings.paths.batch_dump_dir, batch, real, index, scores, tags)
         return batch
