@@ -23,7 +23,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install model real-model real-warm-start reproduce-real reproduce model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
+.PHONY: help run install model real-model real-warm-start reproduce-real reproduce reproduce-ppo model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -145,6 +145,11 @@ model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_team/config.json  ## th
 
 reproduce: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
+
+# MAS + PPO on the same task and warm start: the shared policy trained with a critic (gae) instead of
+# AT-GRPO, 3 seeds, before and after (reported on its own; docs/reproduction.md).
+reproduce-ppo: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## MAS + PPO (a critic) on the reproduction's task, 3 seeds, before and after
+	$(PY) -m pettingllms_verl.eval.reproduce --methods ppo --out $(ARTIFACTS)/reproduce_ppo
 
 # The real model on the same task (make reproduce-real): SmolLM2-135M-Instruct with a LoRA adapter per
 # role, each warm-started by verl's SFT trainer (LoRA) on its role's replies in team episodes of the

@@ -9,7 +9,9 @@ for L2 with two models; all with 2 optimizer steps per policy per training step,
 rows), on the warm-started tiny model and on a random ~100M-parameter model with the same
 tokenizer. While a run goes, the resident memory of its Ray processes is sampled every 0.5 s and
 summed per kind: trainer workers (``WorkerDict``: FSDP actor, optimizer) and rollout servers
-(``HFRolloutServer``). Step time is the mean ``timing_s/step`` of the run's steps after the first.
+(``HFRolloutServer``). Step time is the mean ``timing_s/step`` of the run's steps after the first;
+with PPO, the critics' share is that of ``timing_s/values`` + ``timing_s/update_critic`` in it (a
+critic lives in its policy's trainer process, so its memory is in the trainer column).
 
     python benchmarks/bench_policies.py [--steps 3] [--models tiny,100m] [--out benchmarks/results/policies.json]
 """
@@ -33,6 +35,9 @@ MODES = {  # name -> (recipe, extra overrides)
         "~hydra.callbacks.preflight", "+pettingllms.policies.spare_one.adapter.rank=8", "+pettingllms.policies.spare_two.adapter.rank=8",
     ]),
     "L2 (2 models)": ("plan_path_mas_full_cpu", []),
+    # PPO with a critic per policy on the same rows (docs/training.md): the critics' share of the step
+    "L0 + PPO": ("plan_path_mas_atgrpo_cpu", ["algorithm.adv_estimator=gae"]),
+    "L2 + PPO": ("plan_path_mas_full_cpu", ["algorithm.adv_estimator=gae"]),
 }
 KINDS = {"trainer": "WorkerDict", "rollout": "HFRolloutServer"}
 # ~100M parameters: 12 layers of hidden 768 (head_dim 64), MLP 2048, the tiny tokenizer's 1024 tokens
@@ -88,8 +93,10 @@ def run(root: str, recipe: str, overrides: list[str], model: str, steps: int) ->
     sampler.join()
     if result.returncode != 0:
         sys.exit(f"{recipe} on {model} failed:\n{result.stderr[-3000:]}")
-    step_times = [json.loads(line)["data"]["timing_s/step"] for line in open(log)][1:]
-    return {"step_s": sum(step_times) / len(step_times), **{f"{kind}_gib": peaks.get(kind, 0.0) for kind in KINDS}}
+    steps_logged = [json.loads(line)["data"] for line in open(log)][1:]
+    step_s = sum(step["timing_s/step"] for step in steps_logged) / len(steps_logged)
+    critic_s = sum(step.get("timing_s/values", 0.0) + step.get("timing_s/update_critic", 0.0) for step in steps_logged) / len(steps_logged)
+    return {"step_s": step_s, "critic_frac": critic_s / step_s, **{f"{kind}_gib": peaks.get(kind, 0.0) for kind in KINDS}}
 
 
 def main() -> None:
@@ -106,7 +113,7 @@ def main() -> None:
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         sys.exit(f"--modes: unknown {unknown}; from: {list(MODES)}")
-    print(f"{'model':<6} {'mode':<16} {'step s':>8} {'trainer GiB':>12} {'rollout GiB':>12} {'step/L0':>8} {'memory/L0':>10}", flush=True)
+    print(f"{'model':<6} {'mode':<16} {'step s':>8} {'critic':>7} {'trainer GiB':>12} {'rollout GiB':>12} {'step/L0':>8} {'memory/L0':>10}", flush=True)
     for model_name, path in models.items():
         l0 = None
         for mode in modes:
@@ -116,7 +123,7 @@ def main() -> None:
             figures["step_vs_l0"] = figures["step_s"] / l0["step_s"]
             figures["memory_vs_l0"] = (figures["trainer_gib"] + figures["rollout_gib"]) / (l0["trainer_gib"] + l0["rollout_gib"])
             rows.append(figures)
-            print(f"{model_name:<6} {mode:<16} {figures['step_s']:>8.2f} {figures['trainer_gib']:>12.2f} {figures['rollout_gib']:>12.2f} "
+            print(f"{model_name:<6} {mode:<16} {figures['step_s']:>8.2f} {figures['critic_frac']:>7.1%} {figures['trainer_gib']:>12.2f} {figures['rollout_gib']:>12.2f} "
                   f"{figures['step_vs_l0']:>7.2f}x {figures['memory_vs_l0']:>9.2f}x", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -55,7 +55,7 @@ def test_every_critic_is_saved_and_resumed_and_a_frozen_policy_gets_none(artifac
     for policy in POLICIES:  # each critic's update: K optimizer steps per training step
         assert saved_policy(checkpoints / f"global_step_{STEPS}", policy, "critics")[1] == {STEPS * K_MINI_BATCHES}
     resumed = run_recipe(artifacts, "plan_path_mas_full_cpu", *FIXED, f"trainer.total_training_steps={STEPS + 1}",
-                         "pettingllms.policies.plan_policy.trainable=false", f"trainer.default_local_dir={checkpoints}")
+                         "+pettingllms.policies.plan_policy.trainable=false", f"trainer.default_local_dir={checkpoints}")
     (step,) = [m["data"] for m in resumed if m["step"] == STEPS + 1]
     assert [m["step"] for m in resumed] == [STEPS + 1]
     # the tool policy's critic came back: its optimizer's step count went on, and its loss is the fitted one

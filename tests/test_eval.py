@@ -301,3 +301,22 @@ def test_progress_lines_of_runs_going_at_once_stay_whole(monkeypatch):
         thread.join()
     lines = stream.getvalue().splitlines()
     assert sorted(lines) == sorted(f"[run {n}] line {i}" for n in range(4) for i in range(20))  # print() interleaves here
+
+
+def test_an_evaluation_of_a_gae_recipe_builds_no_critic(env):
+    """An evaluation trains nothing: a PPO recipe's value models are neither built nor read from
+    its checkpoint, and the preflight accepts gae without a critic there (and only there)."""
+    from omegaconf import open_dict
+    from verl.trainer.ppo.utils import need_critic
+
+    from pettingllms_verl.preflight import ConfigError, _check_team_estimator
+
+    gae = ["algorithm.adv_estimator=gae"]
+    run = runs.Run("l", RECIPE, runs.compose(RECIPE, gae, runs.RECIPES_DIR), "plan_path", "x.parquet", None, gae)
+    played = runs.compose(RECIPE, runs.main_ppo_overrides(run, None, "/tmp/x"), runs.RECIPES_DIR)
+    assert played.algorithm.adv_estimator == "gae" and not need_critic(played)
+    _check_team_estimator(played)
+    with open_dict(played):
+        played.trainer.val_only = False
+    with pytest.raises(ConfigError, match="false with gae"):
+        _check_team_estimator(played)

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
-NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_full|mas_lora|sa_grpo|program)_"
+NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_ppo|mas_full|mas_lora|sa_grpo|program)_"
                   r"(?P<target>cpu|smollm2_cpu|repro_cpu|smollm2_repro_cpu|vllm_cpu|qwen3_1p7b|qwen3_8b)$")
 # the tiny model / the real SmolLM2-135M (make real-model) / make reproduce / make reproduce-real / vLLM's CPU build (make test-vllm)
 CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu", "smollm2_repro_cpu", "vllm_cpu")
@@ -252,8 +252,10 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
     assert (list(settings.group_by) == []) == (parts["mode"] == "mas_grpo_by_problem")
     # program: a team program plays the rows' tasks (agents/), its agents the env's roles here
     assert settings.program.enabled == (parts["mode"] == "program")
-    if parts["mode"] in ("mas_atgrpo", "mas_grpo_by_problem", "mas_full", "mas_lora", "program"):
-        assert (settings.workflow, settings.rollout_mode, cfg.algorithm.adv_estimator) == ("mas", "tree", "at_grpo")
+    if parts["mode"] in ("mas_atgrpo", "mas_grpo_by_problem", "mas_ppo", "mas_full", "mas_lora", "program"):
+        # mas_ppo: the same tree, each reply valued by a critic (gae) instead of its group
+        estimator = "gae" if parts["mode"] == "mas_ppo" else "at_grpo"
+        assert (settings.workflow, settings.rollout_mode, cfg.algorithm.adv_estimator) == ("mas", "tree", estimator)
         assert rollout.n == 1 and settings.k > 1  # the K branches live inside one tree
     else:
         assert (settings.workflow, settings.rollout_mode, cfg.algorithm.adv_estimator) == ("sa", "independent", "grpo")

@@ -10,6 +10,8 @@ noisy demonstrations, and methods with the same steps, replies per step and opti
   turn, agent, tree node) (``plan_path_mas_grpo_by_problem_repro_cpu``): the credit-assignment ablation;
 - ``per_role``: MAS + AT-GRPO, a model per role (``plan_path_mas_full_repro_cpu``), also evaluated
   with the two trained policies swapped;
+- ``ppo`` (not in the default ``--methods``): MAS + PPO, the shared policy of ``mas`` trained with a
+  critic (``algorithm.adv_estimator=gae``) instead of AT-GRPO (``plan_path_mas_ppo_repro_cpu``);
 - ``real`` (not in the default ``--methods``; ``make reproduce-real``): the real model, SmolLM2-135M
   with a LoRA adapter per role, each warm-started on its role's demonstrations
   (``plan_path_mas_lora_smollm2_repro_cpu``), also evaluated swapped.
@@ -62,13 +64,14 @@ METHODS = {  # name -> (recipe, what the tables call it)
     "mas": ("plan_path_mas_atgrpo_repro_cpu", "MAS + AT-GRPO, shared policy"),
     "mas_by_problem": ("plan_path_mas_grpo_by_problem_repro_cpu", "MAS + GRPO grouped by problem, shared policy"),
     "per_role": ("plan_path_mas_full_repro_cpu", "MAS + AT-GRPO, a model per role"),
+    "ppo": ("plan_path_mas_ppo_repro_cpu", "MAS + PPO (a critic), shared policy"),
     "real": ("plan_path_mas_lora_smollm2_repro_cpu", "MAS + AT-GRPO, SmolLM2-135M, a LoRA adapter per role"),
 }
 TINY = ("sa", "mas", "mas_by_problem", "per_role")  # `make reproduce`; `make reproduce-real` runs "real"
 SWAPPED = ("per_role", "real")  # the methods with a policy per role, also evaluated with the two swapped
 
 
-MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "real")  # the methods that play the whole team
+MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "ppo", "real")  # the methods that play the whole team
 # the held-out splits, in report order: the development test split (read when the task and the training
 # length were chosen: docs/reproduction.md) and the confirmation split (frozen before the final run, read for nothing else)
 SPLITS = ("test", "confirm")

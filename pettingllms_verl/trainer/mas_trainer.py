@@ -9,7 +9,7 @@ the LoRA-adapter policies share one group on the base model, an adapter each (L1
     rollout (each role's requests go to its policy's replicas [and adapter])
     -> per policy: pad its own rows, old log-probs [+ ref] on its group [with its adapter active]
        [+ values from its critic (gae)]
-    -> one advantage pass over all rows (an AT-GRPO group never spans two policies)
+    -> one advantage pass over all rows (an AT-GRPO group never spans two policies; gae: one per policy)
     -> per trainable policy: [update its critic,] update its actor on its own rows
     -> weight sync of every trainable policy (strictly on-policy: checked per policy next step)
 
@@ -344,23 +344,23 @@ class MASTrainer(PPOTrainerSync):
         pool_name = "global_pool" if self.policy_table[name].pool == "shared" else f"policy_{name}"
         pool = self.resource_pool_manager.resource_pool_dict[pool_name]
         classes = {str(role): RayClassWithInitArgs(cls=self._full_model_worker, config=config.actor_rollout_ref, role=str(role))}
-        critic = self.use_critic and self.policy_table[name].trainable  # a frozen policy's rows need no values
-        if critic:
+        with_critic = self.use_critic and self.policy_table[name].trainable  # a frozen policy's rows need no values
+        if with_critic:
             classes[str(Role.Critic)], critic_config = self._critic_class(config)
         workers = RayWorkerGroup(
             resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(class_dict=classes), device_name=self.config.trainer.device,
         ).spawn(prefix_set=list(classes))
         group = workers[str(role)]
         group.init_model()
-        if critic:
-            critic = workers[str(Role.Critic)]
+        critic = workers[str(Role.Critic)] if with_critic else None
+        if critic is not None:
             critic.reset()  # builds the value model (verl's TrainingWorker), as verl's _setup does
             critic.set_loss_fn(partial(value_loss, config=critic_config))
         servers = LLMServerManager.create(config=config, worker_group=group, rollout_resource_pool=pool)
         sync_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
         sync_config.backend = "naive"  # as verl's own sync trainer
         sync = CheckpointEngineManager(config=sync_config, actor_wg=group, replicas=servers.get_replicas())
-        return self._group(name, config, group, servers, sync, critic or None)
+        return self._group(name, config, group, servers, sync, critic)
 
     def _critic_class(self, config):
         """verl's value-model worker for one policy's config (as verl's _setup builds the critic):
@@ -448,8 +448,9 @@ class MASTrainer(PPOTrainerSync):
                     parts[name] = self._compute_old_log_prob(part, metrics=per_policy[name])
                     if self.use_reference_policy:
                         parts[name] = self._compute_ref_log_prob(parts[name], metrics=per_policy[name])
-                    if self.use_critic:  # each policy's rows valued by its own critic
-                        parts[name] = self._compute_values(parts[name], metrics=per_policy[name])
+                    if self.use_critic:  # each policy's rows valued by its own critic (timed apart, as verl's "values")
+                        with marked_timer("values", timing_raw, color="cyan"):
+                            parts[name] = self._compute_values(parts[name], metrics=per_policy[name])
                     parts[name].extra_info = {}  # per-policy settings (temperature, ...) must not clash in concat
         batch = KVBatchMeta.concat(list(parts.values()))
 
