@@ -188,7 +188,7 @@ def test_unknown_key_check_catches_a_typo(verl_defaults):
 
 
 @pytest.mark.parametrize("name", RECIPES)
-def test_passes_verl_validation(name, recipe):
+def test_passes_verl_validation(name, recipe, tiny_model_dir):
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -198,6 +198,8 @@ def test_passes_verl_validation(name, recipe):
     from verl.workers.config import CheckpointEngineConfig, RolloutConfig
 
     cfg, hydra_cfg = recipe(name)
+    if need_critic(cfg):  # verl reads the critic's model config from its folder: one that exists here
+        cfg.critic.model.path = tiny_model_dir
     assert not hydra_cfg.searchpath  # the package's Hydra plugin adds it (hydra_plugins/): not copied per recipe
     assert hydra_cfg.callbacks.preflight._target_ == PREFLIGHT  # from base/pettingllms, first in every defaults list
     # what main_ppo runs before Ray starts: batch arithmetic, micro-batch settings, ActorConfig(.validate)
