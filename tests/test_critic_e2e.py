@@ -5,6 +5,7 @@ package's for the other. Checked on what the run logged and saved: each critic l
 critic is saved and comes back on resume, a frozen policy gets none."""
 
 import pytest
+import torch
 
 from test_mas_e2e import run_recipe
 from test_policies_e2e import K_MINI_BATCHES, saved_policy
@@ -51,17 +52,23 @@ def test_each_policys_critic_learns_the_returns_of_a_fixed_setting(learnt):
 
 
 def test_every_critic_is_saved_and_resumed_and_a_frozen_policy_gets_none(artifacts, learnt):
+    """Resumed with the first policy frozen: verl's critic (the first policy's) is left unused, the
+    other policy's critic comes back from its checkpoint and trains on."""
     checkpoints = artifacts / "checkpoints"
     for policy in POLICIES:  # each critic's update: K optimizer steps per training step
         assert saved_policy(checkpoints / f"global_step_{STEPS}", policy, "critics")[1] == {STEPS * K_MINI_BATCHES}
     resumed = run_recipe(artifacts, "plan_path_mas_full_cpu", *FIXED, f"trainer.total_training_steps={STEPS + 1}",
-                         "+pettingllms.policies.plan_policy.trainable=false", f"trainer.default_local_dir={checkpoints}")
-    (step,) = [m["data"] for m in resumed if m["step"] == STEPS + 1]
+                         "+pettingllms.policies.tool_policy.trainable=false", f"trainer.default_local_dir={checkpoints}")
     assert [m["step"] for m in resumed] == [STEPS + 1]
-    # the tool policy's critic came back: its optimizer's step count went on, and its loss is the fitted one
-    assert saved_policy(checkpoints / f"global_step_{STEPS + 1}", "tool_policy", "critics")[1] == {(STEPS + 1) * K_MINI_BATCHES}
-    assert step["policy/tool_policy/critic/vf_loss"] < learnt[0]["policy/tool_policy/critic/vf_loss"] / 2
-    assert step["policy/tool_policy/actor/grad_norm"] > 0  # its actor trained on the critic's advantages
-    # the frozen plan policy: no critic built, updated or saved
-    assert not any(key.startswith("policy/plan_policy/critic/") for key in step)
-    assert not (checkpoints / f"global_step_{STEPS + 1}" / "critics" / "plan_policy").exists()
+    step = resumed[0]["data"]
+    last = checkpoints / f"global_step_{STEPS + 1}"
+    # the plan policy's critic came back: its optimizer's step count went on, and its loss is the fitted one
+    assert saved_policy(last, "plan_policy", "critics")[1] == {(STEPS + 1) * K_MINI_BATCHES}
+    assert step["policy/plan_policy/critic/vf_loss"] < learnt[0]["policy/plan_policy/critic/vf_loss"] / 2
+    assert step["policy/plan_policy/actor/grad_norm"] > 0  # its actor trained on the critic's advantages
+    # the frozen tool policy: no critic read, updated or saved, and its actor's weights as they were
+    assert not any(key.startswith("policy/tool_policy/critic/") for key in step)
+    assert not (last / "critics" / "tool_policy").exists()
+    before, _ = saved_policy(checkpoints / f"global_step_{STEPS}", "tool_policy")
+    after, _ = saved_policy(last, "tool_policy")
+    assert all(torch.equal(before[name], after[name]) for name in before)

@@ -290,7 +290,8 @@ class MASTrainer(PPOTrainerSync):
 
     def _setup(self):
         super()._setup()  # the first group, its replicas and sync, reward loop; checkpoint load deferred
-        critic = self.critic_wg if self.use_critic else None  # verl's, in the first group's processes
+        # verl's, in the first group's processes; a frozen policy's is left unused, as the other groups build none
+        critic = self.critic_wg if self.use_critic and self.policy_table[self.first_group].trainable else None
         self.groups = {self.first_group: self._group(self.first_group, self.config, self.actor_rollout_wg, self.llm_server_manager, self.checkpoint_manager, critic)}
         for name in list(self.group_policies)[1:]:
             self.groups[name] = self._build_group(name)
