@@ -265,6 +265,8 @@ class MASTrainer(PPOTrainerSync):
         first = MultiLoRAActorRolloutRefWorker if self.first_group == ADAPTER_GROUP else SharedPrefixActorRolloutRefWorker
         self.role_worker_mapping[self._actor_role] = ray.remote(first)
         if self.use_critic:
+            if ADAPTER_GROUP in self.group_policies:  # the preflight says so first; here for a run without it
+                raise ValueError("critic.enable: a critic with LoRA-adapter policies is not supported (docs/training.md)")
             self.role_worker_mapping[Role.Critic] = ray.remote(ValueModelWorker)
         spec = dict(self.resource_pool_manager.resource_pool_spec)
         trainer = self.config.trainer
