@@ -7,6 +7,7 @@ critic is saved and comes back on resume, a frozen policy gets none."""
 import pytest
 import torch
 
+from test_estimators_e2e import artifacts  # noqa: F401 (a fixture: the warm tiny model, Plan-Path 6x6 train 8 / val 2)
 from test_mas_e2e import run_recipe
 from test_policies_e2e import K_MINI_BATCHES, saved_policy
 
@@ -17,18 +18,6 @@ STEPS = 4
 # every step plays the same rows, and the actors waiting (verl's critic_warmup) while the critics fit them.
 FIXED = ("algorithm.adv_estimator=gae", "data.train_max_samples=2", "data.shuffle=false",
          "+pettingllms.roles.tool.sampling.top_k=1", "+pettingllms.roles.plan.sampling.top_k=1")
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory, warm_model):
-    from pettingllms_verl.data.rows import write_parquet
-    from pettingllms_verl.envs.splits import generate_splits
-
-    root = tmp_path_factory.mktemp("critic")
-    warm_model("plan_path", root / "tiny_model_plan_path")
-    for split, rows in generate_splits("plan_path", {"train": 8, "val": 2}, {"size": 6}).items():
-        write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
-    return root
 
 
 @pytest.fixture(scope="module")
