@@ -196,8 +196,8 @@ $(VENV_VLLM)/.installed: tests/vllm_tier/install.sh tests/vllm_tier/alias/pyproj
 
 install-vllm: $(VENV_VLLM)/.installed  ## build .venv-vllm: vLLM's CPU build, torch 2.11, this package (the vLLM tier's environment)
 
-test-vllm: $(VENV_VLLM)/.installed  ## the vLLM tier alone (tests/vllm_tier, in .venv-vllm)
-	$(VENV_VLLM)/bin/python -m pytest -q tests/vllm_tier
+test-vllm: $(VENV_VLLM)/.installed  ## the vLLM tier alone (tests/vllm_tier, in .venv-vllm), its files TEST_JOBS at a time
+	$(VENV_VLLM)/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadfile tests/vllm_tier
 
 test-fast: $(VENV)/.installed real-model  ## the tests not marked slow (the edit loop)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_mas_e2e import dumped_rows, run_recipe, team_artifacts  # noqa: F401  (fixture)
+from test_mas_e2e import dumped_rows, run_recipe
 from test_policies_e2e import (  # noqa: F401  (fixture)
     adapter_tensors, artifacts, assert_three_steps_with_metrics_per_policy, base_tensors, initial_params, resume_step_4,
     run_killed_in_step_4, saved_group,
@@ -106,12 +106,39 @@ def test_sigkill_mid_step_then_resume_continues_every_adapter_and_validates_them
     assert any(key.startswith("swap/val-core/") for key in validation) and any(key.startswith("val-core/") for key in validation)
 
 
-def test_code_team_with_a_frozen_tester_adapter(team_artifacts):
-    """code_mas_lora_cpu: the coder's adapter learns, the tester's (trainable: false) generates and
+@pytest.fixture(scope="module")
+def code_artifacts(artifacts, warm_model):
+    """The tiny model warm-started on code replies, and problems on which every warm-start program
+    (``tiny.STDIN_PROGRAMS``) passes a test: ``1`` -> ``1`` (echo, reverse, length, sum, max) and
+    ``2 1`` -> ``2`` (product, max). A passing program then does not hang on sampling luck: with the
+    echo problems of before, about 1 sampled program in 20 passed a test (9 of 192 samples), and in
+    one CI run all 48 coder replies failed."""
+    from pettingllms_verl import envs
+    from pettingllms_verl.data.sources import disjoint_splits, write_splits
+    from pettingllms_verl.models.tiny import STDIN_PROGRAMS, _python
+
+    warm_model("code", artifacts / "tiny_model_code")
+    lines = ["7", "3 5", "9 2", "4", "1 8", "6 6", "2", "5 1"]
+    largest = [{"problem": f"Print the largest number on the line (set {i}).", "solution": "print(max(map(int, input().split())))",
+                "tests": [{"input": f"{line}\n", "output": f"{max(map(int, line.split()))}\n"} for line in ("1", "2 1", lines[i])]}
+               for i in range(8)]
+    for program in STDIN_PROGRAMS:
+        code_env = envs.make("code")
+        code_env.reset(seed=0, task=largest[0])
+        assert code_env.step("coder", _python(program)).local_reward > 0, program  # the warm start's reply
+    write_splits(disjoint_splits("code", largest[2:], largest[:2], None, None, val=2), str(artifacts / "data" / "code_fixture"), "code_artifacts")
+    return artifacts
+
+
+def test_code_team_in_the_sandbox_with_a_frozen_tester_adapter(code_artifacts):
+    """code_mas_lora_cpu: the team's programs run in the sandbox of a Ray worker and their pass
+    rates reach the batch; the coder's adapter learns, the tester's (trainable: false) generates and
     is never updated: no optimizer state, no schedule step, lora_B still zero after 3 steps."""
-    dump = team_artifacts / "code_lora_batches"
+    from pettingllms_verl.envs.base import PARSE_PENALTY
+
+    dump = code_artifacts / "code_lora_batches"
     # with a KL term: the reference policy is the base with every adapter off (verl's no_lora_adapter)
-    metrics = run_recipe(team_artifacts, "code_mas_lora_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "actor_rollout_ref.actor.use_kl_loss=true")
+    metrics = run_recipe(code_artifacts, "code_mas_lora_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "actor_rollout_ref.actor.use_kl_loss=true")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert m["data"]["policy/tester_adapter/rows"] > 0 and m["data"]["policy/coder_adapter/rows"] > 0
@@ -121,10 +148,17 @@ def test_code_team_with_a_frozen_tester_adapter(team_artifacts):
     rows = dumped_rows(dump)
     assert {(row["mas_role"], row["mas_policy"]) for row in rows} == {("tester", "tester_adapter"), ("coder", "coder_adapter")}
     assert all(row["mas_served_by"] == [row["mas_policy"]] for row in rows)
+    for row in rows:
+        reward = row["mas_local_reward"]
+        assert reward == PARSE_PENALTY if not row["mas_parse_ok"] else 0.0 <= reward <= 1.0
+    coder = [row for row in rows if row["mas_role"] == "coder"]
+    assert sum(row["mas_parse_ok"] for row in coder) > len(coder) / 2  # the warm start holds in the rollout
+    # a pass rate above 0: a program ran in the sandbox of a Ray worker and passed a ground-truth test
+    assert any(row["mas_local_reward"] > 0 for row in coder)
     # the server's version of each adapter: the frozen one was sent once (before step 1), the coder's after every step
     by_step = lambda role: {tuple(row["mas_weight_versions"]) for row in rows if row["mas_role"] == role}
     assert by_step("tester") == {(0,)} and by_step("coder") == {(0,), (1,), (2,)}
-    saved = saved_group(team_artifacts / "checkpoints" / "code_mas_lora_cpu" / "global_step_3")
+    saved = saved_group(code_artifacts / "checkpoints" / "code_mas_lora_cpu" / "global_step_3")
     assert saved["adam_steps"] == {"coder_adapter": {3 * K_MINI_BATCHES}, "tester_adapter": set()}
     assert saved["schedules"] == {"coder_adapter": 3, "tester_adapter": 0}
     assert all(not t.any() for name, t in adapter_tensors(saved["params"], "tester_adapter").items() if "lora_B" in name)

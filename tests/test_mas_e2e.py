@@ -1,6 +1,6 @@
 """AT-GRPO end to end through `python -m verl.trainer.main_ppo` on CPU: Plan-Path MAS with tree
-sampling (and the SA GRPO baseline), the math and code teams, checked on what actually reached the
-training batch."""
+sampling (and the SA GRPO baseline), the math team (the code team runs in test_lora_e2e.py),
+checked on what actually reached the training batch."""
 
 import json
 import os
@@ -194,27 +194,9 @@ def write_math_fixture(artifacts) -> None:
 
 @pytest.fixture(scope="module")
 def team_artifacts(artifacts, warm_model):
-    """Warm-started tiny models for math and code; math's shipped problems; for code, problems on
-    which every warm-start program (``tiny.STDIN_PROGRAMS``) passes a test: ``1`` -> ``1`` (echo,
-    reverse, length, sum, max) and ``2 1`` -> ``2`` (product, max). A passing program then does not
-    hang on sampling luck: with the echo problems of before, about 1 sampled program in 20 passed a
-    test (9 of 192 samples), and in one CI run all 48 coder replies failed."""
-    from pettingllms_verl import envs
-    from pettingllms_verl.data.sources import disjoint_splits, write_splits
-    from pettingllms_verl.models.tiny import STDIN_PROGRAMS, _python
-
-    for env in ("math", "code"):
-        warm_model(env, artifacts / f"tiny_model_{env}")
+    """The math team's artifacts: the tiny model warm-started on math replies and the shipped problems."""
+    warm_model("math", artifacts / "tiny_model_math")
     write_math_fixture(artifacts)
-    lines = ["7", "3 5", "9 2", "4", "1 8", "6 6", "2", "5 1"]
-    largest = [{"problem": f"Print the largest number on the line (set {i}).", "solution": "print(max(map(int, input().split())))",
-                "tests": [{"input": f"{line}\n", "output": f"{max(map(int, line.split()))}\n"} for line in ("1", "2 1", lines[i])]}
-               for i in range(8)]
-    for program in STDIN_PROGRAMS:
-        code_env = envs.make("code")
-        code_env.reset(seed=0, task=largest[0])
-        assert code_env.step("coder", _python(program)).local_reward > 0, program  # the warm start's reply
-    write_splits(disjoint_splits("code", largest[2:], largest[:2], None, None, val=2), str(artifacts / "data" / "code_fixture"), "team_artifacts")
     return artifacts
 
 
@@ -228,18 +210,6 @@ def run_team(artifacts, recipe: str, roles: set[str]) -> dict[str, list[dict]]:
         by_role[row["mas_role"]].append(row)
     assert set(by_role) == roles
     return by_role
-
-
-def test_code_team_programs_run_in_the_sandbox_inside_ray_and_their_pass_rates_reach_the_batch(team_artifacts):
-    from pettingllms_verl.envs.base import PARSE_PENALTY
-
-    roles = run_team(team_artifacts, "code_mas_atgrpo_cpu", {"tester", "coder"})
-    for row in roles["tester"] + roles["coder"]:
-        reward = row["mas_local_reward"]
-        assert reward == PARSE_PENALTY if not row["mas_parse_ok"] else 0.0 <= reward <= 1.0
-    assert sum(r["mas_parse_ok"] for r in roles["coder"]) > len(roles["coder"]) / 2  # the warm start holds in the rollout
-    # a pass rate above 0: a program ran in the sandbox of a Ray worker and passed a ground-truth test
-    assert any(r["mas_local_reward"] > 0 for r in roles["coder"])
 
 
 def test_math_team_programs_and_answers_are_graded_inside_ray(team_artifacts):
