@@ -221,6 +221,8 @@ def _check_policies(config: DictConfig) -> None:
             if env.runs_model_code:
                 _check_sandbox(env_name)
             settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
+            if getattr(env, "image_roles", None):
+                _check_image_roles(config, settings, sorted(env.image_roles))
     except SettingsError as error:
         key, _, problem = str(error).partition(": ")
         raise ConfigError(key, problem, "every key and its help: docs/configuration.md") from None
@@ -255,6 +257,34 @@ def _check_policies(config: DictConfig) -> None:
         )
     if len(table) > 1 and _select(config, "trainer.v1.trainer_mode") != "mas_sync":
         raise ConfigError("trainer.v1.trainer_mode", f"{len(table)} policies need the multi-policy trainer", "set trainer.v1.trainer_mode=mas_sync")
+
+
+def _check_image_roles(config: DictConfig, settings: Any, roles: list[str]) -> None:
+    """Roles shown images (the env option image_roles) need a vision-language model with its processor."""
+    from transformers import AutoConfig, AutoProcessor
+
+    from pettingllms_verl.config import SECTION
+
+    key = f"{SECTION}.env_kwargs.image_roles"
+    for role in roles:
+        policy = settings.policy_table()[settings.policy_of(role)]
+        path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") or _select(config, "actor_rollout_ref.model.path")
+        model = AutoConfig.from_pretrained(path)
+        if getattr(model, "vision_config", None) is None:
+            raise ConfigError(key, f"role {role} is played by {path}, a text-only model ({model.model_type}): it cannot read an image",
+                              "give the role's policy a vision-language model (one with a vision_config), or drop the role from image_roles")
+        try:
+            processor = AutoProcessor.from_pretrained(path)
+        except (OSError, ValueError, TypeError) as error:
+            processor, why = None, f" ({type(error).__name__}: {str(error).splitlines()[0]})"
+        else:
+            why = ""
+        if getattr(processor, "image_processor", None) is None:
+            raise ConfigError(key, f"role {role}'s model {path} has no image processor{why}",
+                              "save the model's processor in its folder (processor.save_pretrained), as the model's hub folder has it")
+    # the environment draws, the model reads: what is not built yet is the image's way through the rollout and the trainer
+    raise ConfigError(key, f"roles {roles} would be shown images, and images do not reach the rollout or the trainer yet "
+                      "(the multimodal rollout path is being built: docs/environments.md)", "drop image_roles for now")
 
 
 def _check_adapters(config: DictConfig, settings: Any, groups: dict[str, list[str]]) -> None:

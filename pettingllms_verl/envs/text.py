@@ -11,9 +11,11 @@ empty result) on anything it cannot read and never raises, whatever the text. Nu
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Any, Mapping
 
-Messages = list[dict[str, str]]  # chat messages: [{"role": "system" | "user" | "assistant", "content": str}]
+# chat messages: [{"role": "system" | "user" | "assistant", "content": str}]; a content may instead be a
+# list of parts, {"type": "text", "text": str} and {"type": "image", "image": PIL.Image} (envs/images.py)
+Messages = list[dict[str, Any]]
 
 MAX_DIGITS = 6
 # What an agent is shown of another's program and its output; longer text is cut (tiny contexts).

@@ -31,6 +31,7 @@ from typing import Any, Callable, ClassVar
 from pettingllms_verl.envs.base import (
     DEFAULT_TOOL_LIMITS, PARSE_PENALTY, TOOL_FAILURE_PENALTY, Env, StepResult, Workflow, ignored, sandbox_runs, workflow_for,
 )
+from pettingllms_verl.envs.images import image_part
 from pettingllms_verl.envs.text import Messages, extract_code, tool_section
 from pettingllms_verl.sandbox import SandboxLimits, run_python
 
@@ -44,6 +45,9 @@ class PuzzlePrompts:
     output_format: what the tool's program must print.
     state_schema: the JSON the tool's program receives on stdin.
     render: the current state (the env's ``view()`` dict) as text for the prompt.
+    draw: the current state as an image (``envs/images.py``), shown in place of the text to the
+        roles of the env option ``image_roles``; None: the puzzle draws none.
+    caption: the text beside the image: what its colours mean, and the rest of ``render``.
     """
 
     rules: str
@@ -51,9 +55,24 @@ class PuzzlePrompts:
     output_format: str
     state_schema: str
     render: Callable[[dict], str]
+    draw: Callable[[dict], Any] | None = None
+    caption: Callable[[dict], str] | None = None
+
+    def state(self, view: dict, image: bool) -> str | list[dict]:
+        """The state as a message content: its text, or its image and caption."""
+        if not image:
+            return self.render(view)
+        return [image_part(self.draw(view)), {"type": "text", "text": self.caption(view)}]
 
 
-def tool_messages(prompts: PuzzlePrompts, view: dict) -> Messages:
+def append_text(content: str | list[dict], text: str) -> str | list[dict]:
+    """``text`` added at the end of a message content (a string, or parts ending in a text part)."""
+    if isinstance(content, str):
+        return content + text
+    return [*content[:-1], {"type": "text", "text": content[-1]["text"] + text}]
+
+
+def tool_messages(prompts: PuzzlePrompts, view: dict, image: bool = False) -> Messages:
     system = (
         f"{prompts.rules}\n\nYou are the tool agent. Write a short Python program in one ```python block. "
         f"It reads the current state from stdin as JSON: {prompts.state_schema}. "
@@ -62,15 +81,15 @@ def tool_messages(prompts: PuzzlePrompts, view: dict) -> Messages:
     )
     return [
         {"role": "system", "content": system},
-        {"role": "user", "content": f"{prompts.render(view)}\n\nWrite the program."},
+        {"role": "user", "content": append_text(prompts.state(view, image), "\n\nWrite the program.")},
     ]
 
 
-def plan_messages(prompts: PuzzlePrompts, view: dict, tool_code: str | None, tool_output: str | None) -> Messages:
+def plan_messages(prompts: PuzzlePrompts, view: dict, tool_code: str | None, tool_output: str | None, image: bool = False) -> Messages:
     """Plan agent's messages; the tool section appears only once a tool has run (never in SA)."""
-    user = prompts.render(view)
+    user = prompts.state(view, image)
     if tool_code is not None:
-        user += tool_section(tool_code, tool_output)
+        user = append_text(user, tool_section(tool_code, tool_output))
     return [
         {"role": "system", "content": f"{prompts.rules}\n\n{prompts.answer_format}"},
         {"role": "user", "content": user},
@@ -87,11 +106,17 @@ class ToolPlanEnv(Env):
         "max_turns": "turns per episode (each turn: every role of the workflow acts once)",
         "tool_limits": "sandbox limits of the tool agent's programs (SandboxLimits fields)",
     }
+    # the option of puzzles that draw their state (PuzzlePrompts.draw); added to such a puzzle's options
+    IMAGE_ROLES = {"image_roles": "roles shown the state as an image instead of its text grid (a vision-language model's roles)"}
 
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
         self.max_turns = int(config.get("max_turns", self.default_max_turns))
         self.tool_limits = SandboxLimits(**{**DEFAULT_TOOL_LIMITS, **config.get("tool_limits", {})})
+        self.image_roles = frozenset(config.get("image_roles") or ())
+        unknown = sorted(self.image_roles - set(self.roles))
+        if unknown:
+            raise ValueError(f"{self.name}: image_roles names {unknown}, not roles of this environment ({', '.join(self.roles)})")
 
     # --- puzzle-specific -------------------------------------------------------------------
 
@@ -128,9 +153,9 @@ class ToolPlanEnv(Env):
 
     def observation(self, role: str) -> Messages:
         if role == "tool":
-            return tool_messages(self.prompts, self.view())
+            return tool_messages(self.prompts, self.view(), role in self.image_roles)
         if role == "plan":
-            return plan_messages(self.prompts, self.view(), self.tool_code, self.tool_output)
+            return plan_messages(self.prompts, self.view(), self.tool_code, self.tool_output, role in self.image_roles)
         raise self.unknown_role(role)
 
     def step(self, role: str, text: str) -> StepResult:

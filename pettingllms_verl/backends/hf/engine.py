@@ -13,6 +13,11 @@ is copied to each request, and every request then samples on its own.
 The KV cache is preallocated for the whole reply (``_preallocated``): a growing cache copies
 itself at every decode step.
 
+Images (a vision-language model, e.g. Qwen2-VL): a request may carry its prompt's images as the
+image processor's tensors (``pixel_values``, ``image_grid_thw``); the prompt holds their expanded
+image tokens. A call with images runs the model's own ``generate`` over the whole prompts (its
+vision tower and multimodal positions), without the shared prefill.
+
 LoRA adapters (one per role, L1): ``load_adapter`` adds or refreshes a named peft adapter on the
 one base model; a request names its adapter (None: the base), and requests with different
 adapters still share one ``generate`` call (peft's ``adapter_names``, one per row). A call whose
@@ -153,11 +158,14 @@ class HFGenerationEngine:
         return sorted(self.model.peft_config) if isinstance(self.model, PeftModel) else []
 
     def generate(
-        self, prompts: list[list[int]], specs: list[SamplingSpec], adapters: list[str | None] | None = None
+        self, prompts: list[list[int]], specs: list[SamplingSpec], adapters: list[str | None] | None = None,
+        images: list[Mapping[str, torch.Tensor] | None] | None = None,
     ) -> list[Generation]:
         """Generate for many requests: grouped by sampling settings, chunked by ``max_batch_size``;
-        ``adapters[i]`` is request i's LoRA adapter (None: the base model)."""
+        ``adapters[i]`` is request i's LoRA adapter (None: the base model), ``images[i]`` its images
+        as the image processor's tensors (None: none)."""
         adapters = list(adapters) if adapters is not None else [None] * len(prompts)
+        images = list(images) if images is not None else [None] * len(prompts)
         unknown = sorted({a for a in adapters if a is not None} - set(self.adapters))
         if unknown:
             raise KeyError(f"hf engine: no adapter {unknown[0]!r} loaded; loaded: {self.adapters}")
@@ -169,7 +177,7 @@ class HFGenerationEngine:
             for start in range(0, len(members), self.max_batch_size):
                 chunk = members[start : start + self.max_batch_size]
                 outputs = self._generate_group(
-                    [prompts[i] for i in chunk], [specs[i] for i in chunk], [adapters[i] for i in chunk]
+                    [prompts[i] for i in chunk], [specs[i] for i in chunk], [adapters[i] for i in chunk], [images[i] for i in chunk]
                 )
                 for i, output in zip(chunk, outputs):
                     results[i] = output
@@ -177,10 +185,13 @@ class HFGenerationEngine:
 
     @torch.no_grad()
     def _generate_group(
-        self, prompts: list[list[int]], specs: list[SamplingSpec], adapters: list[str | None]
+        self, prompts: list[list[int]], specs: list[SamplingSpec], adapters: list[str | None],
+        images: list[Mapping[str, torch.Tensor] | None],
     ) -> list[Generation]:
         spec = specs[0]
-        cuts = self._prefix_cuts(prompts, adapters) if self.share_prefill else [0] * len(prompts)
+        media = [row for row in images if row is not None]
+        share = self.share_prefill and not media  # the shared prefill runs the text model alone
+        cuts = self._prefix_cuts(prompts, adapters) if share else [0] * len(prompts)
         input_ids, attention_mask = self._layout(prompts, cuts)
         width = input_ids.shape[1]
         kwargs: dict[str, Any] = dict(
@@ -199,9 +210,14 @@ class HFGenerationEngine:
             kwargs.update(stop_strings=list(spec.stop), tokenizer=self.tokenizer)
         mixed = len(set(adapters)) > 1
         kwargs.update(self._adapter_kwargs(adapters, mixed))
+        if media:  # in row order: the model fills each row's image tokens from these, one image after another
+            joined = {key: torch.cat([row[key] for row in media]) for key in media[0]}
+            kwargs.update({key: t.to(self.device, dtype=self.base_model.dtype if t.is_floating_point() else t.dtype) for key, t in joined.items()})
+            # which columns are image tokens: the multimodal positions (M-RoPE) are computed from it
+            kwargs.update(mm_token_type_ids=(input_ids == self.base_model.config.image_token_id).long().to(self.device))
         recorder = _SampledTokenLogProbs(1.0 if spec.greedy else spec.temperature)
         with self._lock, self._serving(adapters, mixed):
-            cache = self._shared_prefill(prompts, adapters, mixed, cuts, input_ids, attention_mask)
+            cache = self._shared_prefill(prompts, adapters, mixed, cuts, input_ids, attention_mask) if share else None
             kwargs.update(past_key_values=self._preallocated(cache, width + kwargs["max_new_tokens"]))
             hook = self.base_model.register_forward_hook(recorder, with_kwargs=True)
             try:
@@ -291,7 +307,7 @@ class HFGenerationEngine:
         """A KV cache with room for ``length`` columns holding ``cache`` (the shared prefill; None: empty).
         A growing cache copies itself at every decode step (``torch.cat``), ~85 ms of a ~220 ms step
         at 32 rows on the real model on CPU; this one is written in place (one row: no change)."""
-        static = StaticCache(config=self.base_model.config, max_cache_len=length)
+        static = StaticCache(config=self.base_model.config.get_text_config(decoder=True), max_cache_len=length)
         if cache is not None:
             for layer, source in zip(static.layers, cache.layers):
                 layer.update(source.keys, source.values)

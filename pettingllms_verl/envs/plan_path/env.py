@@ -103,6 +103,7 @@ class PlanPathEnv(ToolPlanEnv):
     default_max_turns = 4
     options = {
         **ToolPlanEnv.options,
+        **ToolPlanEnv.IMAGE_ROLES,
         "size": "grid side of generated tasks (default 10)",
         "wall_density": "fraction of wall cells of generated tasks (default 0.22)",
         "min_optimal_len": "shortest path length a generated task must have at least",

@@ -200,6 +200,7 @@ class SokobanEnv(ToolPlanEnv):
     default_max_turns = 4
     options = {
         **ToolPlanEnv.options,
+        **ToolPlanEnv.IMAGE_ROLES,
         "size": "room side of generated tasks",
         "num_boxes": "boxes of generated tasks",
         "max_interior_walls": "interior walls of generated tasks at most",

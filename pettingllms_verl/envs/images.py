@@ -1,0 +1,48 @@
+"""A puzzle's state drawn as an image, for roles played by a vision-language model.
+
+A grid puzzle's text prompt shows its state as rows of symbols (``#`` a wall, ``@`` the agent, ...).
+``draw_grid`` paints the same rows, a square of one colour per cell, so that a role given the image
+sees exactly the state a text role reads. The image goes into the chat message as a content part
+(``image_part``), the form processors' chat templates and verl's multimodal path take.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+CELL_PIXELS = 14  # side of one cell: a patch of Qwen2-VL's vision tower; a 6 x 6 grid is an 84 x 84 image
+IMAGE = "image"  # the content part type of an image in a chat message
+
+
+def draw_grid(rows: Sequence[str], palette: Mapping[str, tuple[int, int, int]], cell: int = CELL_PIXELS):
+    """rows of symbols -> an RGB ``PIL.Image``: cell (r, c) filled with ``palette[rows[r][c]]``.
+    A symbol without a colour is refused (a state the image cannot show must not pass as shown)."""
+    from PIL import Image, ImageDraw
+
+    height, width = len(rows), max(map(len, rows))
+    image = Image.new("RGB", (width * cell, height * cell), palette[" "] if " " in palette else (255, 255, 255))
+    pen = ImageDraw.Draw(image)
+    for r, row in enumerate(rows):
+        for c, symbol in enumerate(row):
+            if symbol not in palette:
+                raise ValueError(f"draw_grid: no colour for symbol {symbol!r} (row {r}, column {c}); palette: {sorted(palette)}")
+            pen.rectangle([c * cell, r * cell, (c + 1) * cell - 1, (r + 1) * cell - 1], fill=palette[symbol])
+    return image
+
+
+def image_part(image) -> dict[str, Any]:
+    """A chat message's content part holding ``image``."""
+    return {"type": IMAGE, IMAGE: image}
+
+
+def message_images(messages: Sequence[Mapping[str, Any]]) -> list:
+    """The images of a chat, in the order its template renders them."""
+    return [part[IMAGE] for message in messages if not isinstance(message["content"], str)
+            for part in message["content"] if part.get("type") == IMAGE]
+
+
+def message_text(content: str | Sequence[Mapping[str, Any]]) -> str:
+    """A message's text, an image part written as ``[image]`` (logs, the viewer, token counts)."""
+    if isinstance(content, str):
+        return content
+    return "".join("[image]\n" if part.get("type") == IMAGE else str(part.get("text", "")) for part in content)
