@@ -23,7 +23,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install model real-model real-warm-start reproduce-real reproduce reproduce-ppo model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
+.PHONY: help run install model model-vl real-model real-warm-start reproduce-real reproduce reproduce-ppo model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -73,6 +73,11 @@ data: $(ARTIFACTS)/data/quickstart/train.parquet  ## make the quickstart's data
 $(ARTIFACTS)/tiny_model_%/config.json: | $(INSTALLED)
 	$(PY) -m pettingllms_verl.models.tiny --out $(ARTIFACTS)/tiny_model_$* --warm-start $*
 
+# The tiny vision-language model (Qwen2-VL architecture, random weights) of the vision recipes.
+$(ARTIFACTS)/tiny_vl_model/config.json: | $(INSTALLED)
+	$(PY) -m pettingllms_verl.models.tiny_vl --out $(ARTIFACTS)/tiny_vl_model
+
+model-vl: $(ARTIFACTS)/tiny_vl_model/config.json  ## the tiny vision-language model the vision recipes start from
 model-math: $(ARTIFACTS)/tiny_model_math/config.json
 model-code: $(ARTIFACTS)/tiny_model_code/config.json
 

@@ -235,10 +235,11 @@ def _check_policies(config: DictConfig) -> None:
             _check_model_path(f"{key}.overrides.model.path", path)
             main_vocab = main_vocab or _tokenizer_vocab(main_model)
             ours = _tokenizer_vocab(path)
-            if ours is not None and main_vocab is not None and ours != main_vocab:
+            if ours is not None and main_vocab is not None and not _renders_for(main_vocab, ours):
                 raise ConfigError(
                     f"{key}.overrides.model.path", f"{path} has another tokenizer than actor_rollout_ref.model.path={main_model}",
-                    "every policy of a run must share one tokenizer (e.g. Qwen3-1.7B with Qwen3-8B)",
+                    "every policy of a run must share one tokenizer (e.g. Qwen3-1.7B with Qwen3-8B); a text-only policy beside "
+                    "a vision-language one may lack its image tokens, with the vision-language model as actor_rollout_ref.model.path",
                 )
         if policy.pool == "own" and (policy.n_gpus_per_node == 0 or policy.nnodes == 0):
             raise ConfigError(f"{key}.n_gpus_per_node", "a pool of its own with no GPU", "give it at least one GPU, or pool: shared")
@@ -269,12 +270,19 @@ def _check_image_roles(config: DictConfig, settings: Any, roles: list[str]) -> N
     for role in roles:
         policy = settings.policy_table()[settings.policy_of(role)]
         path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") or _select(config, "actor_rollout_ref.model.path")
-        model = AutoConfig.from_pretrained(path)
+        try:
+            model = AutoConfig.from_pretrained(os.path.expanduser(path))
+        except Exception:  # a hub model not cached, a folder without a config: the model path checks report what matters
+            continue
         if getattr(model, "vision_config", None) is None:
             raise ConfigError(key, f"role {role} is played by {path}, a text-only model ({model.model_type}): it cannot read an image",
                               "give the role's policy a vision-language model (one with a vision_config), or drop the role from image_roles")
         try:
             processor = AutoProcessor.from_pretrained(path)
+        except ImportError as error:  # a processor part needs a package missing here (Qwen2-VL's: torchvision)
+            raise ConfigError(key, f"role {role}'s model {path}: its processor does not load here ({str(error).splitlines()[0]})",
+                              "install what it names, built for your torch (torchvision: pip install 'pettingllms-verl[vision]' "
+                              "from the index your torch came from)") from None
         except (OSError, ValueError, TypeError) as error:
             processor, why = None, f" ({type(error).__name__}: {str(error).splitlines()[0]})"
         else:
@@ -282,9 +290,11 @@ def _check_image_roles(config: DictConfig, settings: Any, roles: list[str]) -> N
         if getattr(processor, "image_processor", None) is None:
             raise ConfigError(key, f"role {role}'s model {path} has no image processor{why}",
                               "save the model's processor in its folder (processor.save_pretrained), as the model's hub folder has it")
-    # the environment draws, the model reads: what is not built yet is the image's way through the rollout and the trainer
-    raise ConfigError(key, f"roles {roles} would be shown images, and images do not reach the rollout or the trainer yet "
-                      "(the multimodal rollout path is being built: docs/environments.md)", "drop image_roles for now")
+    for group, view in _policy_views(config):
+        if _select(view, "actor_rollout_ref.actor.use_prefix_grouper"):
+            grouper = _where(config, group, "actor.use_prefix_grouper")
+            raise ConfigError(grouper, f"with image roles {roles}: the shared-prefix forward packs text rows only "
+                              "(an image row's tokens come with its pixels and multimodal positions)", f"set {grouper}=false")
 
 
 def _check_adapters(config: DictConfig, settings: Any, groups: dict[str, list[str]]) -> None:
@@ -612,6 +622,18 @@ def _tokenizer_vocab(path: str) -> dict | None:
     except Exception:  # a hub model not cached: the model check above reports what matters
         return None
     return {"vocab": tokenizer.get_vocab(), "special": tokenizer.all_special_tokens}
+
+
+def _renders_for(main: dict, ours: dict) -> bool:
+    """Whether rows rendered by the run's tokenizer (``main``: actor_rollout_ref.model.path's, which the
+    agent loop renders every prompt with) read right in a policy's: the same tokenizer, or ``main``
+    with special tokens the policy's lacks (a vision-language model's image tokens beside a text-only
+    policy, whose prompts never hold one: image roles are refused to a text-only model)."""
+    if main == ours:
+        return True
+    extra = main["vocab"].keys() - ours["vocab"].keys()
+    return (all(main["vocab"].get(token) == index for token, index in ours["vocab"].items())
+            and extra <= set(main["special"]) and set(ours["special"]) <= set(main["special"]))
 
 
 def _gpus_needed(config: DictConfig) -> tuple[int, str]:

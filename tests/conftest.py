@@ -43,6 +43,14 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_vl_model_dir(tmp_path_factory) -> str:
+    """The deterministic tiny vision-language model (Qwen2-VL architecture) + processor, built once per test session."""
+    from pettingllms_verl.models.tiny_vl import build
+
+    return build(str(tmp_path_factory.mktemp("tiny_vl_model")), seed=0)
+
+
+@pytest.fixture(scope="session")
 def warm_model(tmp_path_factory, worker_id):
     """(env name, folder) -> the folder, holding a copy of the tiny model warm-started on that env
     (seed 0). Each model is trained once per test run, shared by the xdist workers under a file

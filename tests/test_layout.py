@@ -9,7 +9,7 @@ import pytest
 from pettingllms_verl import envs
 
 ENVS_DIR = Path(envs.__file__).parent
-SHARED = {"base", "text", "tool_plan"}  # envs/<module>.py that every environment may use
+SHARED = {"base", "images", "text", "tool_plan"}  # envs/<module>.py that every environment may use
 PACKAGES = sorted(path.parent.name for path in ENVS_DIR.glob("*/env.py"))
 
 
@@ -74,7 +74,7 @@ def test_an_environment_imports_only_itself_and_the_shared_modules(name):
 
 @pytest.mark.parametrize("shared", sorted(SHARED))
 def test_shared_modules_import_no_environment(shared):
-    allowed = {"text"} if shared == "base" else {"base", "text"} if shared == "tool_plan" else set()
+    allowed = {"text"} if shared == "base" else {"base", "images", "text"} if shared == "tool_plan" else set()
     for module in _imports(ENVS_DIR / f"{shared}.py"):
         part = _envs_part(module)
         assert part is None or part in allowed, f"{shared}.py imports {module}"

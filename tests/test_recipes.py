@@ -23,9 +23,10 @@ RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
 NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_ppo|mas_full|mas_lora|sa_grpo|program)_"
-                  r"(?P<target>cpu|smollm2_cpu|repro_cpu|smollm2_repro_cpu|vllm_cpu|qwen3_1p7b|qwen3_8b)$")
+                  r"(?P<target>cpu|smollm2_cpu|repro_cpu|smollm2_repro_cpu|vllm_cpu|vision_cpu|qwen3_1p7b|qwen3_8b)$")
 # the tiny model / the real SmolLM2-135M (make real-model) / make reproduce / make reproduce-real / vLLM's CPU build (make test-vllm)
-CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu", "smollm2_repro_cpu", "vllm_cpu")
+# / the tiny vision-language model (make model-vl)
+CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu", "smollm2_repro_cpu", "vllm_cpu", "vision_cpu")
 EPISODE_RECIPES = [name for name in RECIPES if NAME.match(name)]
 GPU_RECIPES = [name for name in EPISODE_RECIPES if NAME.match(name)["target"] not in CPU_TARGETS]
 GPU_MODELS = {"qwen3_1p7b": ("Qwen/Qwen3-1.7B", 1), "qwen3_8b": ("Qwen/Qwen3-8B", 2)}  # model, vLLM TP
@@ -447,6 +448,9 @@ def test_passes_preflight_once_its_model_and_data_exist(name, recipe, datasets, 
     cfg = recipe(name)[0].copy()
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(tmp_path)
+        for policy in (cfg.pettingllms.get("policies") or {}).values():  # a policy's own model (L2 beside a vision-language one)
+            if policy and OmegaConf.select(policy, "overrides.model.path"):
+                policy.overrides.model.path = str(tmp_path)
     for policy in (cfg.pettingllms.get("policies") or {}).values():  # an adapter's start folder (make real-warm-start): a peft folder of its rank
         if (policy or {}).get("adapter") and policy.adapter.get("path") and not Path(policy.adapter.path).is_dir():
             from peft import LoraConfig

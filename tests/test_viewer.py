@@ -152,6 +152,20 @@ def test_state_drawings_and_escaping_without_a_browser():
     assert odd.startswith("<pre>") and "&lt;b&gt;" in odd
 
 
+def test_the_image_a_role_was_shown_is_embedded_and_nothing_else_passes_for_one():
+    from pettingllms_verl import envs
+    from pettingllms_verl.envs.images import data_uri, message_images
+
+    env = envs.make("plan_path", size=6, image_roles=["plan"])
+    env.reset(seed=0)
+    uri = data_uri(message_images(env.observation("plan"))[0])
+    sample = {"turn": 0, "role": "plan", "branch": 0, "chosen": True, "reply": "R", "prompt": "p",
+              "images": [uri, 'javascript:alert(1)', 'data:image/png;base64,AAAA" onerror="alert(1)', 7]}
+    html_text = viewer.episode_html(0, {"env": "plan_path", "seed": 0, "samples": [sample]})
+    assert html_text.count("<img ") == 1 and f'src="{uri}"' in html_text  # the real image, and only it
+    assert "javascript" not in html_text and "onerror" not in html_text
+
+
 def test_viewer_refuses_missing_and_empty_logs(tmp_path, capsys):
     assert viewer.main([str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x.html")]) == 2
     assert "nope.jsonl: no such file or folder" in capsys.readouterr().err

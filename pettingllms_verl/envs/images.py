@@ -41,6 +41,19 @@ def message_images(messages: Sequence[Mapping[str, Any]]) -> list:
             for part in message["content"] if part.get("type") == IMAGE]
 
 
+PNG_DATA_URI = "data:image/png;base64,"
+
+
+def data_uri(image) -> str:
+    """``image`` as a PNG data URI: how episode logs keep the images a role was shown."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return PNG_DATA_URI + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 def message_text(content: str | Sequence[Mapping[str, Any]]) -> str:
     """A message's text, an image part written as ``[image]`` (logs, the viewer, token counts)."""
     if isinstance(content, str):

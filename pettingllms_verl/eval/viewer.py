@@ -5,7 +5,8 @@ Each episode shows its turns as rows and its roles as columns (the coder's progr
 tester's tests, the tool agent's output beside the reasoner's answer), every tree node with its K
 branches (the chosen one marked, each with its reward and parse result), and the state drawn
 after each reply: grids for Plan-Path, Sokoban, Sudoku and Tic-Tac-Toe, both hands and the
-fireworks for Hanabi. Model text is untrusted: everything from a log is HTML-escaped, and the page
+fireworks for Hanabi, and the image a role was shown (a role that sees). Model text is untrusted:
+everything from a log is HTML-escaped, an image is shown only as a PNG data URI of base64, and the page
 runs no script.
 """
 
@@ -19,6 +20,7 @@ import os
 import sys
 from collections import defaultdict
 
+from pettingllms_verl.envs.images import PNG_DATA_URI
 from pettingllms_verl.eval.results import LogError, read_jsonl
 
 CSS = """
@@ -33,6 +35,7 @@ pre{white-space:pre-wrap;word-break:break-word;margin:.2em 0;background:#f6f6f6;
 table.grid{border-collapse:collapse;margin:.3em 0}table.grid td{width:1.3em;height:1.3em;text-align:center;border:1px solid #999;font-family:monospace}
 td.wall{background:#444;color:#fff}td.goal{background:#ffe082}td.me{background:#64b5f6}td.box{background:#a1887f}td.target{background:#c8e6c9}
 td.given{font-weight:bold}
+img.seen{image-rendering:pixelated;width:8em;border:1px solid #999;display:block;margin:.2em 0}
 .card{display:inline-block;border:1px solid #555;border-radius:3px;padding:0 .3em;margin:1px;font-family:monospace}
 """
 CARD_COLOURS = {"R": "#ef9a9a", "Y": "#fff59d", "G": "#a5d6a7", "W": "#eeeeee", "B": "#90caf9"}
@@ -40,6 +43,17 @@ CARD_COLOURS = {"R": "#ef9a9a", "Y": "#fff59d", "G": "#a5d6a7", "W": "#eeeeee", 
 
 def esc(value) -> str:
     return html.escape(str(value), quote=True)
+
+
+def shown_images(sample: dict) -> str:
+    """The images a prompt held, as <img> tags: PNG data URIs of base64 only (anything else in the
+    log, a script URL say, is left out)."""
+    tags = []
+    for uri in sample.get("images") or ():
+        body = uri[len(PNG_DATA_URI):] if isinstance(uri, str) and uri.startswith(PNG_DATA_URI) else None
+        if body is not None and body and all(c.isalnum() or c in "+/=" for c in body):
+            tags.append(f'<img class="seen" alt="the image this role was shown" src="{esc(uri)}">')
+    return "".join(tags)
 
 
 def load(paths: list[str]) -> list[dict]:
@@ -139,7 +153,8 @@ def episode_html(index: int, record: dict) -> str:
             branches = sorted(nodes.get((turn, role), []), key=lambda s: s.get("branch", 0))
             prompt = branches[0].get("prompt", "") if branches else ""
             cells.append(
-                "<td>" + (f'<details><summary>prompt</summary><pre class="prompt">{esc(prompt)}</pre></details>' if prompt else "")
+                "<td>" + (shown_images(branches[0]) if branches else "")
+                + (f'<details><summary>prompt</summary><pre class="prompt">{esc(prompt)}</pre></details>' if prompt else "")
                 + f'<div class="branches">{"".join(branch_card(env, s) for s in branches)}</div></td>'
             )
         rows.append(f'<tr><th>turn {turn}</th>{"".join(cells)}</tr>')

@@ -27,6 +27,7 @@ from pettingllms_verl.programs.gateway import ChatRequest, gateway
 from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
+from pettingllms_verl.envs.images import data_uri, message_images
 from pettingllms_verl.rollout.episode import EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
 from pettingllms_verl.rollout.faults import TRACEBACK_CHARS
 from pettingllms_verl.targets import load_target
@@ -68,10 +69,18 @@ class EpisodeAgentLoop(AgentLoopBase):
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
-    def render(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **self.apply_chat_template_kwargs
-        )
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+        images = message_images(messages)
+        if images:  # the processor's template, each image's token expanded to the tokens it becomes
+            if self.processor is None:
+                raise ValueError("pettingllms_episode: a prompt with images, and the model has no processor (a text-only model)")
+            text = self.processor.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                                      **self.apply_chat_template_kwargs)
+            ids = self.processor(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
+        else:
+            ids = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **self.apply_chat_template_kwargs
+            )
         if len(ids) > self.prompt_length:
             raise PromptTooLong(
                 f"pettingllms_episode: a {len(ids)}-token prompt exceeds data.max_prompt_length="
@@ -115,13 +124,14 @@ class EpisodeAgentLoop(AgentLoopBase):
         weight_versions: dict[str, set] = {role: set() for role in policies}  # global step of the weights behind each reply
         served_by: dict[str, set] = {role: set() for role in policies}  # the policy each server says it is
 
-        async def generate(role: str, prompt_ids: list[int], n: int, params: dict | None = None):
+        async def generate(role: str, prompt_ids: list[int], n: int, params: dict | None = None, images: list | None = None):
             params = params or self._sampling(sampling_params, role, validate)
+            media = {"image_data": images} if images else {}
             try:
                 outputs = await asyncio.gather(
                     *(
                         self.server_manager.generate(
-                            request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, policy=policies[role]
+                            request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, policy=policies[role], **media
                         )
                         for _ in range(n)
                     )
@@ -222,12 +232,14 @@ class EpisodeAgentLoop(AgentLoopBase):
         """Append the episode as one JSON line to ``<directory>/episodes-<pid>.jsonl`` (one file per
         process: no two writers share a file). Model text is stored as it came: escape it to show it."""
         prompts: dict[int, str] = {}  # the K branches of a node share one prompt list: decode it once
+        images: dict[int, list[str]] = {}  # and one image list: encode it once
         samples = [
             {
                 "turn": s.turn, "role": s.role, "policy": policies.get(s.role), "node": s.node, "branch": s.branch,
                 "chosen": s.chosen, "placeholder": s.placeholder, "parse_ok": s.parse_ok,
                 "local_reward": s.local_reward, "global_reward": s.global_reward, "reward": s.reward,
                 "prompt": prompts.setdefault(id(s.prompt_ids), self.tokenizer.decode(s.prompt_ids)),
+                **({"images": images.setdefault(id(s.images), [data_uri(image) for image in s.images])} if s.images else {}),
                 "reply": self.decode(s.response_ids), "info": s.info, "state": s.snapshot,
             }
             for s in episode.samples
@@ -287,6 +299,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             "mas_error": self._error_text(episode) if last else None,  # what ended it (rollout/faults.py quotes the first of each cause)
             "mas_placeholder": sample.placeholder,
             "mas_sandbox_runs": sample.sandbox_runs,  # {sandbox status: runs} of this reply's programs
+            "mas_images": len(sample.images or ()),  # images in the prompt (a role shown the state drawn)
             "mas_turns": episode.turns if last else None,
             "mas_env_s": episode.env_s if last else None,
             "mas_generate_s": episode.generate_s if last else None,
@@ -302,6 +315,8 @@ class EpisodeAgentLoop(AgentLoopBase):
             response_ids=sample.response_ids,
             response_mask=[0 if sample.placeholder else 1] * len(sample.response_ids),
             response_logprobs=sample.log_probs or None,
+            # verl's postprocess turns these into the row's image inputs and multimodal positions
+            multi_modal_data={"images": sample.images} if sample.images else None,
             reward_score=reward,
             num_turns=2,
             metrics=AgentLoopMetrics(),

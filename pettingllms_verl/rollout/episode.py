@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
 from pettingllms_verl.envs.base import IGNORED, SANDBOX_RUNS, Env, StepResult
+from pettingllms_verl.envs.images import message_images
 from pettingllms_verl.envs.text import Messages
 
 # Why an episode ended: None = the environment finished it.
@@ -39,8 +40,9 @@ TRUNCATIONS = ("max_turns", "prompt_overflow")  # out of turns | a prompt over t
 # call | made more calls than allowed
 ERRORS = ("engine_error", "env_error", "engine_dead", "program_error", "program_timeout", "program_no_call", "program_call_limit")
 
-# (role, prompt ids, n) -> n (token ids, log-probs) replies, sampled independently
-Generate = Callable[[str, list[int], int], Awaitable[list[tuple[list[int], list[float]]]]]
+# (role, prompt ids, n) -> n (token ids, log-probs) replies, sampled independently; a prompt with
+# images (PIL, in the order of its image tokens) is also given them, as the keyword images
+Generate = Callable[..., Awaitable[list[tuple[list[int], list[float]]]]]
 Render = Callable[[Messages], list[int]]
 Decode = Callable[[list[int]], str]
 # A user's reward for one role's reply (``pettingllms.roles.<role>.reward``), called with keywords
@@ -72,6 +74,7 @@ class Sample:
     info: dict = field(default_factory=dict)  # the env's StepResult.info: the parsed action, what it did
     snapshot: dict | None = None  # the branch's state after this reply (Env.snapshot), when the episode records them
     temperature: float | None = None  # set: the reply was sampled at this temperature (a program's request), not its role's
+    images: list | None = None  # the prompt's images (PIL), in the order of its image tokens; None: a text prompt
 
 
 class PromptTooLong(ValueError):
@@ -212,6 +215,7 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
                 messages = env.observation(role)
             except Exception as error:
                 raise _Ended("env_error", error) from error
+            images = message_images(messages) or None  # a role shown the state as an image (envs/images.py)
             try:
                 prompt_ids = render(messages)
             except PromptTooLong as error:
@@ -220,7 +224,7 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
 
             started = time.perf_counter()
             try:
-                replies = await generate(role, prompt_ids, k)
+                replies = await (generate(role, prompt_ids, k, images=images) if images else generate(role, prompt_ids, k))
             except EngineDead as error:
                 raise _Ended("engine_dead", error) from error
             except Exception as error:
@@ -255,6 +259,7 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
                         sandbox_runs=dict(result.info.get(SANDBOX_RUNS, {})),
                         info=result.info if value is None else {**result.info, POSITION_VALUE: value},
                         snapshot=clone.snapshot() if snapshots else None,
+                        images=images,
                     )
                 )
             best = best_branch([s.reward for s in node_samples])

@@ -111,7 +111,7 @@ class HFRolloutServer:
     """Token-in/token-out server over one model copy (the methods verl's replica/client call)."""
 
     def __init__(self, rollout_config: Any, model_config: Any, replica_rank: int, device: str = "cpu"):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
         from verl.utils.fs import copy_to_local
 
@@ -121,13 +121,16 @@ class HFRolloutServer:
         tokenizer_path = copy_to_local(model_config.get("tokenizer_path") or path)
         trust_remote_code = bool(model_config.get("trust_remote_code", False))
         dtype = _torch_dtype(str(rollout_config.dtype), device)
-        model = AutoModelForCausalLM.from_pretrained(
+        # a vision-language model (a vision_config) answers prompts with images, through its processor
+        vision = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), "vision_config", None) is not None
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(
             path,
             dtype=dtype,
             attn_implementation=attention.register() if device == "cpu" else "sdpa",
             trust_remote_code=trust_remote_code,
         ).to(device)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+        self.image_processor = AutoProcessor.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code).image_processor if vision else None
         print(f"hf rollout server {replica_rank}: model on {device} ({dtype}), {path}", flush=True)
         torch.manual_seed(int(rollout_config.seed) + replica_rank)
         self.engine = HFGenerationEngine(model, tokenizer, max_batch_size=int(rollout_config.max_num_seqs or 64))
@@ -142,16 +145,18 @@ class HFRolloutServer:
         self.adapter_steps: dict[str, int | None] = {}  # adapter -> global step of its weights
         self.generate_calls = 0  # engine calls; exposed for tests and benchmarks
         self._last_call_s: float | None = None  # how long the last engine call took: sets the batcher's quiet gap
-        self._pending: list[tuple[list[int], SamplingSpec, str | None, asyncio.Future]] = []
+        self._pending: list[tuple[list[int], SamplingSpec, str | None, dict | None, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], adapter: str | None = None,
-        **_unused: Any,
+        image_data: list | None = None, **_unused: Any,
     ) -> TokenOutput:
-        """One request; ``adapter`` names a LoRA adapter loaded with ``load_adapter`` (None: the base)."""
+        """One request; ``adapter`` names a LoRA adapter loaded with ``load_adapter`` (None: the base);
+        ``image_data`` the prompt's images (PIL), in the order of its image tokens."""
         prompt_ids = list(prompt_ids)
+        images = self._image_inputs(prompt_ids, image_data) if image_data else None
         budget = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
         if budget < 1:
             raise ValueError(
@@ -163,7 +168,7 @@ class HFRolloutServer:
             self._wakeup = asyncio.Event()
             self._batcher = asyncio.get_running_loop().create_task(self._serve_batches())
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt_ids, spec, adapter, future))
+        self._pending.append((prompt_ids, spec, adapter, images, future))
         self._wakeup.set()
         generation = await future
         # which weights answered: an adapter is a policy of its own (L1), with its own version
@@ -183,11 +188,11 @@ class HFRolloutServer:
             batch, self._pending = self._pending, []
             if not batch:
                 continue
-            prompts, specs, adapters, futures = zip(*batch)
+            prompts, specs, adapters, images, futures = zip(*batch)
             self.generate_calls += 1
             started = time.perf_counter()
             try:
-                outputs = await asyncio.to_thread(self.engine.generate, list(prompts), list(specs), list(adapters))
+                outputs = await asyncio.to_thread(self.engine.generate, list(prompts), list(specs), list(adapters), list(images))
             except Exception as error:  # report to every waiting caller instead of dying silently
                 for future in futures:
                     if not future.done():
@@ -198,6 +203,20 @@ class HFRolloutServer:
             for future, output in zip(futures, outputs):
                 if not future.done():
                     future.set_result(output)
+
+    def _image_inputs(self, prompt_ids: list[int], images: list) -> dict[str, torch.Tensor]:
+        """The image processor's tensors of one request, checked against its prompt: each image must
+        have as many image tokens there as the processor makes of it (a mismatch would fail the
+        model's call, and with it every request batched beside this one)."""
+        if self.image_processor is None:
+            raise ValueError("hf rollout: a request with images, and this server's model is text-only (no vision_config)")
+        inputs = dict(self.image_processor(images=list(images), return_tensors="pt"))
+        merge = int(getattr(self.image_processor, "merge_size", 1)) ** 2
+        expected = int(inputs["image_grid_thw"].prod(-1).sum()) // merge
+        found = sum(token == self.engine.base_model.config.image_token_id for token in prompt_ids)
+        if found != expected:
+            raise ValueError(f"hf rollout: the prompt has {found} image tokens, and its {len(images)} image(s) make {expected}")
+        return {"pixel_values": inputs["pixel_values"], "image_grid_thw": inputs["image_grid_thw"]}
 
     async def _gather(self) -> None:
         """Let more requests join the pending ones: wait until a quiet gap passes without one (see

@@ -1,0 +1,128 @@
+"""A role that sees, below the trainer: the tiny vision-language model and its processor
+(models/tiny_vl.py), the hf engine and server answering prompts with images (the image matters, and
+every log-prob is the model's own), the checks before Ray starts. Here, in the vLLM tier's
+environment: Qwen2-VL's processor needs torchvision, which the main environment's CPU torch has no
+build of on a machine without PyTorch's own index."""
+
+import asyncio
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from pettingllms_verl import envs
+from pettingllms_verl.backends.hf.engine import HFGenerationEngine, SamplingSpec
+from pettingllms_verl.envs.images import message_images
+from pettingllms_verl.models.tiny_vl import image_tokens
+from pettingllms_verl.preflight import ConfigError, check
+
+from test_preflight import mas_config, plan_path_rows, two_policies  # noqa: F401 (a fixture: Plan-Path rows)
+
+LOGPROB_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_vl_model_dir):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(tiny_vl_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_vl_model_dir):
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(tiny_vl_model_dir, dtype=torch.float32).eval()
+
+
+def plan_prompt(processor, seed: int):
+    """The plan agent's Plan-Path prompt with the grid drawn: (prompt ids, its images, the image tensors)."""
+    env = envs.make("plan_path", size=6, image_roles=["plan"])
+    env.reset(seed=seed)
+    messages = env.observation("plan")
+    images = message_images(messages)
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=images, return_tensors="pt")
+    return inputs["input_ids"][0].tolist(), images, {key: inputs[key] for key in ("pixel_values", "image_grid_thw")}
+
+
+def forward_log_probs(model, prompt, media, response):
+    """A direct forward over prompt + response with the prompt's images, unpadded."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids, mm_token_type_ids=(ids == model.config.image_token_id).long(), **media).logits[0]
+    return torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def test_a_drawn_grid_becomes_the_processors_image_tokens_and_the_image_changes_the_model(processor, model):
+    prompt, images, media = plan_prompt(processor, seed=0)
+    assert images[0].size == (84, 84)  # 6 x 6 cells of 14 pixels: the processor's size, one patch a cell
+    assert prompt.count(model.config.image_token_id) == image_tokens() == 9
+    other_prompt, _, other_media = plan_prompt(processor, seed=1)
+    reply = processor.tokenizer.encode("<answer>R D</answer>")
+    mine, swapped = forward_log_probs(model, prompt, media, reply), forward_log_probs(model, prompt, other_media, reply)
+    assert (mine - swapped).abs().max() > 1e-3  # the same tokens with another grid's image: other log-probs
+
+
+def test_the_engine_samples_image_prompts_with_their_own_log_probs_beside_text_prompts(processor, model, chat_ids):
+    engine = HFGenerationEngine(model, processor.tokenizer)
+    (a, _, media_a), (b, _, media_b) = plan_prompt(processor, 0), plan_prompt(processor, 1)
+    text = chat_ids("a text prompt in the same call")
+    greedy = SamplingSpec(max_tokens=6, temperature=0)
+    together = engine.generate([a, text, b], [greedy] * 3, images=[media_a, None, media_b])  # left-padded, one call
+    alone = [engine.generate([prompt], [greedy], images=[media])[0] for prompt, media in ((a, media_a), (b, media_b))]
+    assert [together[0].token_ids, together[2].token_ids] == [g.token_ids for g in alone]
+    assert together[1].token_ids == engine.generate([text], [greedy])[0].token_ids
+    torch.manual_seed(0)
+    sampled = engine.generate([a, a, b], [SamplingSpec(max_tokens=6, temperature=1.0)] * 3, images=[media_a, media_a, media_b])
+    for prompt, media, generation in zip((a, a, b), (media_a, media_a, media_b), sampled):
+        reference = forward_log_probs(model, prompt, media, generation.token_ids)
+        assert torch.allclose(torch.tensor(generation.log_probs), reference, atol=LOGPROB_ATOL)
+
+
+def test_the_server_answers_an_image_prompt_and_refuses_images_that_do_not_match_it(tiny_vl_model_dir, processor, tiny_model_dir):
+    from verl.workers.config import RolloutConfig
+
+    from pettingllms_verl.backends.hf.rollout import HFRolloutServer
+
+    config = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=256, response_length=8, dtype="float32")
+    server = HFRolloutServer(config, OmegaConf.create({"path": tiny_vl_model_dir}), 0)
+    prompt, images, _ = plan_prompt(processor, seed=0)
+    ask = lambda ids, data: asyncio.run(server.generate("r", ids, {"temperature": 0.0, "max_tokens": 4}, image_data=data))
+    assert len(ask(prompt, images).token_ids) > 0
+    with pytest.raises(ValueError, match="the prompt has 9 image tokens, and its 2 image\\(s\\) make 18"):
+        ask(prompt, images * 2)
+    text_server = HFRolloutServer(config, OmegaConf.create({"path": tiny_model_dir}), 0)
+    with pytest.raises(ValueError, match="this server's model is text-only"):
+        asyncio.run(text_server.generate("r", prompt, {"temperature": 0.0, "max_tokens": 4}, image_data=images))
+
+
+def test_image_roles_need_a_vision_language_model_with_its_processor_and_no_shared_prefix_forward(tmp_path, plan_path_rows, tiny_model_dir, tiny_vl_model_dir):
+    """The plan role shown the grid as an image (the env option image_roles): refused, naming the
+    key, for a vision model folder without its processor and for the shared-prefix forward (a
+    text-only model: tests/test_preflight.py); accepted with the tiny vision-language model, shared
+    or beside a text-only policy whose tokenizer lacks only the image tokens."""
+    import shutil
+
+    images = {"pettingllms.env_kwargs.image_roles": "[plan]", "actor_rollout_ref.actor.use_prefix_grouper": "false"}
+    vision = {**images, "actor_rollout_ref.model.path": tiny_vl_model_dir}
+    check(two_policies(tmp_path, plan_path_rows, **vision))
+    check(mas_config(tmp_path, **{"data.train_files": plan_path_rows, **vision}))
+    bare = tmp_path / "vl_without_processor"
+    shutil.copytree(tiny_vl_model_dir, bare)
+    (bare / "processor_config.json").unlink()
+    with pytest.raises(ConfigError, match="role plan's model .*vl_without_processor has no image processor") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{**vision, "actor_rollout_ref.model.path": str(bare)}))
+    assert error.value.key == "pettingllms.env_kwargs.image_roles"
+    # L2: the plan role's policy sees, the tool role's is a text-only model (its tokenizer: the same, less the image tokens)
+    text_tool = {**vision, "pettingllms.policies.a.overrides.model.path": tiny_model_dir}
+    check(two_policies(tmp_path, plan_path_rows, **text_tool))
+    with pytest.raises(ConfigError, match=r"role tool is played by .*, a text-only model") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{**text_tool, "pettingllms.env_kwargs.image_roles": "[tool,plan]"}))
+    with pytest.raises(ConfigError, match="has another tokenizer") as error:  # rows rendered by the text model's tokenizer
+        check(two_policies(tmp_path, plan_path_rows, **{**images, "actor_rollout_ref.model.path": tiny_model_dir,
+                                                         "pettingllms.policies.b.overrides.model.path": tiny_vl_model_dir}))
+    assert error.value.key == "pettingllms.policies.b.overrides.model.path"
+    with pytest.raises(ConfigError, match=r"with image roles \['plan'\]: the shared-prefix forward packs text rows only") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{**vision, "actor_rollout_ref.actor.use_prefix_grouper": "true"}))
+    assert error.value.key == "actor_rollout_ref.actor.use_prefix_grouper"

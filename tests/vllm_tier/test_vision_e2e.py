@@ -1,0 +1,39 @@
+"""A role that sees, through `python -m verl.trainer.main_ppo` on CPU: Plan-Path with the plan
+agent shown the grid as an image (``image_roles``), the tiny Qwen2-VL model, the image through verl's
+multimodal rows; the trainer scores exactly what the rollout sampled (the probability gap), and the
+weights it trains reach the servers after every step."""
+
+import pytest
+
+from vllm_runs import STEPS, train
+
+pytestmark = pytest.mark.slow
+# Random weights speak no answer format, so every reply earns the same penalty and AT-GRPO's advantages
+# are zero: an entropy bonus moves the weights anyway, so that each step's sync to the servers is tested.
+MOVING = "actor_rollout_ref.actor.entropy_coeff=0.01"
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory, tiny_vl_model_dir):
+    import shutil
+
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+
+    root = tmp_path_factory.mktemp("vision")
+    shutil.copytree(tiny_vl_model_dir, root / "tiny_vl_model")
+    for split, rows in generate_splits("plan_path", {"train": 8, "val": 2}, {"size": 6}).items():
+        write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
+    return root
+
+
+def test_one_shared_vision_language_policy_trains_on_rows_with_images(artifacts):
+    metrics, rows, _ = train(artifacts, "plan_path_mas_atgrpo_vision_cpu", MOVING, "trainer.save_freq=-1")
+    assert len(metrics) == STEPS
+    for step, data in enumerate(metrics, start=1):
+        # every row (half of them with an image) scored by the actor as the rollout sampled it, from the weights
+        # of this step: synced into the server after each update
+        assert data["training/rollout_probs_diff_max"] < 1e-5, (step, data["training/rollout_probs_diff_max"])
+        assert data["actor/grad_norm"] > 0
+    assert {row["mas_role"]: row["mas_images"] for row in rows} == {"plan": 1, "tool": 0}
+    assert all(row["mas_images"] == (row["mas_role"] == "plan") for row in rows)
