@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.utils.tokenizer.tokenizer import get_processor_token_id
 
 from pettingllms_verl import envs
 from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, assistant_reply, play_program
@@ -68,6 +69,11 @@ class EpisodeAgentLoop(AgentLoopBase):
         self.rewards = {role: load_target(config.reward) for role, config in self.settings.roles.items() if config.reward}
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
+        # a vision-language model's image and video placeholder tokens (none for a text model)
+        self.media_placeholders = frozenset(
+            token for kind in ("image", "video") if self.processor is not None
+            for token in [get_processor_token_id(self.processor, kind)] if token is not None
+        )
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
         images = message_images(messages)
@@ -87,6 +93,14 @@ class EpisodeAgentLoop(AgentLoopBase):
                 f"{self.prompt_length}; raise it (and rollout.prompt_length follows) or shorten the env's prompt"
             )
         return list(ids)
+
+    def _reply(self, token_ids: list[int], log_probs: list[float]) -> tuple[list[int], list[float]]:
+        """A sampled reply as it is trained: within the response budget, and ended before the first
+        image or video placeholder a vision-language model wrote (a row's placeholders must be its
+        prompt's images; the tokens before it keep their log-probs, as a reply cut at max_tokens does)."""
+        end = min(len(token_ids), self.response_length)
+        end = next((i for i, token in enumerate(token_ids[:end]) if token in self.media_placeholders), end)
+        return list(token_ids[:end]), list(log_probs[:end])
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -143,7 +157,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             for out in outputs:
                 weight_versions[role].add(out.extra_fields.get("global_steps"))
                 served_by[role].add(out.extra_fields.get("policy"))
-            return [(out.token_ids[: self.response_length], (out.log_probs or [])[: self.response_length]) for out in outputs]
+            return [self._reply(out.token_ids, out.log_probs or []) for out in outputs]
 
         if program:
             problem = {"env": name, "seed": seed, "task": task, "env_kwargs": dict(self.settings.env_kwargs)}

@@ -45,6 +45,7 @@ from verl.workers.engine.fsdp import transformer_impl
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from pettingllms_verl.config import ROW_TEMPERATURE
+from pettingllms_verl.trainer.vlm_compat import VISION_MODEL_TYPES, fix_text_only_batches
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +224,12 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         policy = transformer_impl.CPUOffloadPolicy
         with _swapped("CPUOffloadPolicy", lambda **kwargs: policy(**{**kwargs, "pin_memory": False})):
             return super()._build_fsdp_module(module)
+
+    def _build_module(self):
+        module = super()._build_module()
+        if getattr(getattr(module, "config", None), "model_type", None) in VISION_MODEL_TYPES:
+            fix_text_only_batches()  # verl's patched Qwen2-VL forward, for micro-batches without an image (vlm_compat.py)
+        return module
 
     def _why_plain(self, data: TensorDict) -> str | None:
         """Why this batch cannot take the shared forward (None: it can)."""

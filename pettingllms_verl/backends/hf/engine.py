@@ -217,6 +217,11 @@ class HFGenerationEngine:
             kwargs.update(mm_token_type_ids=(input_ids == self.base_model.config.image_token_id).long().to(self.device))
         recorder = _SampledTokenLogProbs(1.0 if spec.greedy else spec.temperature)
         with self._lock, self._serving(adapters, mixed):
+            # a multimodal model keeps its last call's position offsets (Qwen2-VL's rope_deltas, one per
+            # row) for the decode steps that follow; a new call starts without them
+            inner = getattr(self.base_model, "model", None)
+            if getattr(inner, "rope_deltas", None) is not None:
+                inner.rope_deltas = None
             cache = self._shared_prefill(prompts, adapters, mixed, cuts, input_ids, attention_mask) if share else None
             kwargs.update(past_key_values=self._preallocated(cache, width + kwargs["max_new_tokens"]))
             hook = self.base_model.register_forward_hook(recorder, with_kwargs=True)
