@@ -267,6 +267,16 @@ def _check_image_roles(config: DictConfig, settings: Any, roles: list[str]) -> N
     from pettingllms_verl.config import SECTION
 
     key = f"{SECTION}.env_kwargs.image_roles"
+    table = settings.policy_table()
+    first = next(iter(table))  # its model's processor renders every prompt (verl's agent loop is built from the first policy)
+    renderer = OmegaConf.select(OmegaConf.create(table[first].overrides), "model.path") or _select(config, "actor_rollout_ref.model.path")
+    try:
+        renders_images = getattr(AutoConfig.from_pretrained(os.path.expanduser(renderer)), "vision_config", None) is not None
+    except (OSError, ValueError):  # a hub model not cached, a folder without a config: the model path checks report what matters
+        renders_images = True
+    if not renders_images:
+        raise ConfigError(f"{SECTION}.policies", f"the first policy, {first}, is a text-only model ({renderer}): its tokenizer "
+                          f"renders every prompt, and roles {roles} are shown images", "list a vision-language policy first")
     for role in roles:
         policy = settings.policy_table()[settings.policy_of(role)]
         path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") or _select(config, "actor_rollout_ref.model.path")

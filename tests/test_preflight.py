@@ -570,7 +570,9 @@ def test_the_artifacts_folder_is_written_into_the_config_for_workers_with_anothe
 
 def test_an_image_role_played_by_a_text_only_model_is_refused(tmp_path, plan_path_rows, tiny_model_dir):
     """The env option image_roles (the plan role shown the grid as an image) needs a vision-language
-    model; with a vision-language one the run goes on to its processor (tests/vllm_tier/test_vision.py)."""
-    with pytest.raises(ConfigError, match=r"role plan is played by .*, a text-only model \(qwen2\): it cannot read an image") as error:
+    model, first of all the first policy's, whose processor renders every prompt; the other refusals
+    need a vision-language model folder (tests/vllm_tier/test_vision.py)."""
+    with pytest.raises(ConfigError, match=r"the first policy, a, is a text-only model .*: its tokenizer renders every prompt, "
+                       r"and roles \['plan'\] are shown images") as error:
         check(two_policies(tmp_path, plan_path_rows, **{"pettingllms.env_kwargs.image_roles": "[plan]", "actor_rollout_ref.model.path": tiny_model_dir}))
-    assert error.value.key == "pettingllms.env_kwargs.image_roles"
+    assert error.value.key == "pettingllms.policies"

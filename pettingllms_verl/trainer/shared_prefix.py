@@ -305,6 +305,11 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
     def prepare_model_inputs(self, micro_batch: TensorDict):
         if ROW_TEMPERATURE in micro_batch.keys():
             micro_batch = _with_row_temperatures(micro_batch)
+        positions = micro_batch["position_ids"]
+        if positions.dim() == 3 and getattr(self.module.config, "vision_config", None) is None:
+            # a text-only policy beside a vision-language one (L2): the agent loop laid every row's positions
+            # out for multimodal RoPE, (text, time, height, width) per token; a text row's are its text axis
+            micro_batch["position_ids"] = torch.nested.as_nested_tensor([row[0] for row in positions.unbind()], layout=torch.jagged)
         if not getattr(self, "_shared_now", False):
             return super().prepare_model_inputs(micro_batch)
         input_ids = micro_batch["input_ids"]

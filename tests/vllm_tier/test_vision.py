@@ -114,15 +114,15 @@ def test_image_roles_need_a_vision_language_model_with_its_processor_and_no_shar
     with pytest.raises(ConfigError, match="role plan's model .*vl_without_processor has no image processor") as error:
         check(two_policies(tmp_path, plan_path_rows, **{**vision, "actor_rollout_ref.model.path": str(bare)}))
     assert error.value.key == "pettingllms.env_kwargs.image_roles"
-    # L2: the plan role's policy sees, the tool role's is a text-only model (its tokenizer: the same, less the image tokens)
-    text_tool = {**vision, "pettingllms.policies.a.overrides.model.path": tiny_model_dir}
-    check(two_policies(tmp_path, plan_path_rows, **text_tool))
-    with pytest.raises(ConfigError, match=r"role tool is played by .*, a text-only model") as error:
-        check(two_policies(tmp_path, plan_path_rows, **{**text_tool, "pettingllms.env_kwargs.image_roles": "[tool,plan]"}))
-    with pytest.raises(ConfigError, match="has another tokenizer") as error:  # rows rendered by the text model's tokenizer
-        check(two_policies(tmp_path, plan_path_rows, **{**images, "actor_rollout_ref.model.path": tiny_model_dir,
-                                                         "pettingllms.policies.b.overrides.model.path": tiny_vl_model_dir}))
-    assert error.value.key == "pettingllms.policies.b.overrides.model.path"
+    # L2: the tool role's policy (the first) sees, the plan role's is a text-only model (its tokenizer: the same, less
+    # the image tokens); the first policy's processor renders every prompt, so a text-only first policy is refused
+    text_plan = {**vision, "pettingllms.env_kwargs.image_roles": "[tool]", "pettingllms.policies.b.overrides.model.path": tiny_model_dir}
+    check(two_policies(tmp_path, plan_path_rows, **text_plan))
+    with pytest.raises(ConfigError, match=r"role plan is played by .*, a text-only model") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{**text_plan, "pettingllms.env_kwargs.image_roles": "[tool,plan]"}))
+    with pytest.raises(ConfigError, match=r"the first policy, a, is a text-only model .* list a vision-language policy first") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{**vision, "pettingllms.policies.a.overrides.model.path": tiny_model_dir}))
+    assert error.value.key == "pettingllms.policies"
     with pytest.raises(ConfigError, match=r"with image roles \['plan'\]: the shared-prefix forward packs text rows only") as error:
         check(two_policies(tmp_path, plan_path_rows, **{**vision, "actor_rollout_ref.actor.use_prefix_grouper": "true"}))
     assert error.value.key == "actor_rollout_ref.actor.use_prefix_grouper"

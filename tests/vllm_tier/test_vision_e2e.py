@@ -37,3 +37,30 @@ def test_one_shared_vision_language_policy_trains_on_rows_with_images(artifacts)
         assert data["actor/grad_norm"] > 0
     assert {row["mas_role"]: row["mas_images"] for row in rows} == {"plan": 1, "tool": 0}
     assert all(row["mas_images"] == (row["mas_role"] == "plan") for row in rows)
+
+
+@pytest.fixture(scope="module")
+def text_model(artifacts, warm_model):
+    """The text-only policy beside the one that sees (L2): the tiny model warm-started on Plan-Path replies."""
+    return warm_model("plan_path", artifacts / "tiny_model_plan_path")
+
+
+def test_a_policy_that_sees_beside_a_text_only_one_each_synced_and_scored_as_sampled(artifacts, text_model):
+    """L2: plan_policy the vision-language model (every one of its rows has the image), tool_policy a
+    text-only model reading text (its rows' multimodal positions reduced to their text axis)."""
+    metrics, rows, _ = train(artifacts, "plan_path_mas_full_vision_cpu", MOVING, "trainer.save_freq=-1")
+    for step, data in enumerate(metrics, start=1):
+        for policy in ("plan_policy", "tool_policy"):
+            assert data[f"policy/{policy}/training/rollout_probs_diff_max"] < 1e-5, (step, policy)
+            assert data[f"policy/{policy}/actor/grad_norm"] > 0, (step, policy)
+    assert {(row["mas_role"], row["mas_policy"], row["mas_images"]) for row in rows} == {("plan", "plan_policy", 1), ("tool", "tool_policy", 0)}
+
+
+def test_an_adapter_per_role_on_the_vision_language_base(artifacts):
+    """L1: both adapters on the language tower of one vision-language base; the plan adapter's rows have the image."""
+    metrics, rows, _ = train(artifacts, "plan_path_mas_lora_vision_cpu", MOVING, "trainer.save_freq=-1")
+    for step, data in enumerate(metrics, start=1):
+        for adapter in ("plan_adapter", "tool_adapter"):
+            assert data[f"policy/{adapter}/training/rollout_probs_diff_max"] < 1e-5, (step, adapter)
+    assert any(data["policy/plan_adapter/actor/grad_norm"] > 0 for data in metrics)
+    assert {(row["mas_role"], row["mas_served_by"][0], row["mas_images"]) for row in rows} == {("plan", "plan_adapter", 1), ("tool", "tool_adapter", 0)}
