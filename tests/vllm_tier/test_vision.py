@@ -120,9 +120,9 @@ def test_image_roles_need_a_vision_language_model_with_its_processor_and_no_shar
     check(two_policies(tmp_path, plan_path_rows, **text_plan))
     with pytest.raises(ConfigError, match=r"role plan is played by .*, a text-only model") as error:
         check(two_policies(tmp_path, plan_path_rows, **{**text_plan, "pettingllms.env_kwargs.image_roles": "[tool,plan]"}))
-    with pytest.raises(ConfigError, match=r"the first policy, a, is a text-only model .* list a vision-language policy first") as error:
+    with pytest.raises(ConfigError, match=r"the first policy, a, is a text-only model .*: its tokenizer renders every prompt") as error:
         check(two_policies(tmp_path, plan_path_rows, **{**vision, "pettingllms.policies.a.overrides.model.path": tiny_model_dir}))
-    assert error.value.key == "pettingllms.policies"
+    assert error.value.key == "pettingllms.policies" and "fix: list a vision-language policy first" in str(error.value)
     with pytest.raises(ConfigError, match=r"with image roles \['plan'\]: the shared-prefix forward packs text rows only") as error:
         check(two_policies(tmp_path, plan_path_rows, **{**vision, "actor_rollout_ref.actor.use_prefix_grouper": "true"}))
     assert error.value.key == "actor_rollout_ref.actor.use_prefix_grouper"
