@@ -268,21 +268,24 @@ def _check_image_roles(config: DictConfig, settings: Any, roles: list[str]) -> N
 
     key = f"{SECTION}.env_kwargs.image_roles"
     table = settings.policy_table()
+
+    def model_of(policy: str) -> tuple[str, Any]:
+        """The policy's model path and its config (None where it does not load here: a hub model not
+        cached, a folder without a config; the model path checks report what matters)."""
+        path = OmegaConf.select(OmegaConf.create(table[policy].overrides), "model.path") or _select(config, "actor_rollout_ref.model.path")
+        try:
+            return path, AutoConfig.from_pretrained(os.path.expanduser(path))
+        except Exception:
+            return path, None
+
     first = next(iter(table))  # its model's processor renders every prompt (verl's agent loop is built from the first policy)
-    renderer = OmegaConf.select(OmegaConf.create(table[first].overrides), "model.path") or _select(config, "actor_rollout_ref.model.path")
-    try:
-        renders_images = getattr(AutoConfig.from_pretrained(os.path.expanduser(renderer)), "vision_config", None) is not None
-    except (OSError, ValueError):  # a hub model not cached, a folder without a config: the model path checks report what matters
-        renders_images = True
-    if not renders_images:
+    renderer, model = model_of(first)
+    if model is not None and getattr(model, "vision_config", None) is None:
         raise ConfigError(f"{SECTION}.policies", f"the first policy, {first}, is a text-only model ({renderer}): its tokenizer "
                           f"renders every prompt, and roles {roles} are shown images", "list a vision-language policy first")
     for role in roles:
-        policy = settings.policy_table()[settings.policy_of(role)]
-        path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") or _select(config, "actor_rollout_ref.model.path")
-        try:
-            model = AutoConfig.from_pretrained(os.path.expanduser(path))
-        except Exception:  # a hub model not cached, a folder without a config: the model path checks report what matters
+        path, model = model_of(settings.policy_of(role))
+        if model is None:
             continue
         if getattr(model, "vision_config", None) is None:
             raise ConfigError(key, f"role {role} is played by {path}, a text-only model ({model.model_type}): it cannot read an image",
@@ -635,8 +638,8 @@ def _tokenizer_vocab(path: str) -> dict | None:
 
 
 def _renders_for(main: dict, ours: dict) -> bool:
-    """Whether rows rendered by the run's tokenizer (``main``: actor_rollout_ref.model.path's, which the
-    agent loop renders every prompt with) read right in a policy's: the same tokenizer, or ``main``
+    """Whether rows rendered by the run's tokenizer (``main``: actor_rollout_ref.model.path's; with image
+    roles the first policy's must see, _check_image_roles) read right in a policy's: the same tokenizer, or ``main``
     with special tokens the policy's lacks (a vision-language model's image tokens beside a text-only
     policy, whose prompts never hold one: image roles are refused to a text-only model)."""
     if main == ours:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pettingllms_verl import envs
-from pettingllms_verl.envs.images import CELL_PIXELS, IMAGE, draw_grid, message_images, message_text
+from pettingllms_verl.envs.images import CELL_PIXELS, IMAGE, draw_grid, message_images
 from pettingllms_verl.envs.plan_path import prompts as plan_path_prompts
 from pettingllms_verl.envs.sokoban import prompts as sokoban_prompts
 
@@ -76,6 +76,5 @@ def test_message_helpers_and_a_symbol_without_a_colour():
     messages = [{"role": "system", "content": "rules"},
                 {"role": "user", "content": [{"type": IMAGE, IMAGE: image}, {"type": "text", "text": "where"}]}]
     assert message_images(messages) == [image]
-    assert message_text(messages[1]["content"]) == "[image]\nwhere" and message_text("plain") == "plain"
     with pytest.raises(ValueError, match=r"no colour for symbol '\?' \(row 0, column 1\)"):
         draw_grid(["#?"], {"#": (0, 0, 0)})

@@ -53,9 +53,3 @@ def data_uri(image) -> str:
     image.save(buffer, format="PNG")
     return PNG_DATA_URI + base64.b64encode(buffer.getvalue()).decode("ascii")
 
-
-def message_text(content: str | Sequence[Mapping[str, Any]]) -> str:
-    """A message's text, an image part written as ``[image]`` (logs, the viewer, token counts)."""
-    if isinstance(content, str):
-        return content
-    return "".join("[image]\n" if part.get("type") == IMAGE else str(part.get("text", "")) for part in content)
