@@ -62,6 +62,7 @@ from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
 from pettingllms_verl.trainer.critic import ValueModelWorker
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
+from pettingllms_verl.trainer import rendezvous
 from pettingllms_verl.placement import PLACEMENT, actors_of, blind_nodes, name_actors, named_by_ray, nodes_of, refusal, who
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
@@ -200,6 +201,7 @@ class MASTrainer(PPOTrainerSync):
         with open_dict(config):
             config.actor_rollout_ref = policy_config(config, self.first_group).actor_rollout_ref
         self.groups: dict[str, PolicyGroup] = {}
+        rendezvous.install()  # before verl's _setup creates the first worker group
         super().__init__(config)
 
     @property
