@@ -9,6 +9,7 @@ data_prep command writes fails here rather than minutes into a run.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import runpy
@@ -23,13 +24,13 @@ RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
 NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_ppo|mas_full|mas_lora|sa_grpo|program)_"
-                  r"(?P<target>cpu|smollm2_cpu|repro_cpu|smollm2_repro_cpu|vllm_cpu|vision_cpu|qwen3_1p7b|qwen3_8b)$")
+                  r"(?P<target>cpu|smollm2_cpu|repro_cpu|smollm2_repro_cpu|vllm_cpu|vision_cpu|qwen3_1p7b|qwen3_8b|qwen2p5_vl_3b)$")
 # the tiny model / the real SmolLM2-135M (make real-model) / make reproduce / make reproduce-real / vLLM's CPU build (make test-vllm)
 # / the tiny vision-language model (make model-vl)
 CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu", "smollm2_repro_cpu", "vllm_cpu", "vision_cpu")
 EPISODE_RECIPES = [name for name in RECIPES if NAME.match(name)]
 GPU_RECIPES = [name for name in EPISODE_RECIPES if NAME.match(name)["target"] not in CPU_TARGETS]
-GPU_MODELS = {"qwen3_1p7b": ("Qwen/Qwen3-1.7B", 1), "qwen3_8b": ("Qwen/Qwen3-8B", 2)}  # model, vLLM TP
+GPU_MODELS = {"qwen3_1p7b": ("Qwen/Qwen3-1.7B", 1), "qwen3_8b": ("Qwen/Qwen3-8B", 2), "qwen2p5_vl_3b": ("Qwen/Qwen2.5-VL-3B-Instruct", 1)}  # model, vLLM TP
 MAS_MANAGER = "pettingllms_verl.rollout.worker.MASAgentLoopManager"
 PREFLIGHT = "pettingllms_verl.preflight.Preflight"
 # "python data_prep/<script>.py <args> --out-dir $PETTINGLLMS_ARTIFACTS/data/<dir>" in a recipe comment
@@ -411,8 +412,17 @@ def test_gpu_prompts_fit_max_prompt_length(name, recipe, datasets):
         prompts = _game_prompts(env, env.workflow(cfg.pettingllms.workflow), episodes=20)
     for messages in prompts:
         template_overhead = 32 * len(messages)  # <|im_start|>role\n ... <|im_end|>\n, generation prompt
-        size = sum(len(m["content"].encode()) for m in messages) + template_overhead
+        size = sum(_content_tokens_bound(m["content"]) for m in messages) + template_overhead
         assert size <= cfg.data.max_prompt_length
+
+
+def _content_tokens_bound(content) -> int:
+    """A message's tokens, bounded: its text's UTF-8 bytes, and for an image Qwen2-VL/2.5-VL's count
+    (a token per 28 x 28 pixels, as the processor rounds the size up, and its start and end tokens)."""
+    if isinstance(content, str):
+        return len(content.encode())
+    return sum(len(part["text"].encode()) if part["type"] == "text"
+               else math.ceil(part["image"].width / 28) * math.ceil(part["image"].height / 28) + 2 for part in content)
 
 
 def _game_prompts(env, workflow, episodes: int) -> list:
