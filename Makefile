@@ -8,6 +8,8 @@ PYTHON ?= python3
 VENV := $(CURDIR)/.venv
 # the vLLM tier's environment (make test-vllm)
 VENV_VLLM := $(CURDIR)/.venv-vllm
+# the AutoGen team program's environment (make install-autogen)
+VENV_AUTOGEN := $(CURDIR)/.venv-autogen
 # The Python that runs everything: this venv (installed on first use), or yours: make ... PY=python
 PY := $(VENV)/bin/python
 INSTALLED := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)
@@ -23,7 +25,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install model model-vl real-model real-warm-start reproduce-real reproduce reproduce-ppo model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
+.PHONY: help run install install-autogen model model-vl real-model real-warm-start reproduce-real reproduce reproduce-ppo model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -188,7 +190,7 @@ quickstart: model data  ## install, build the tiny model and data, train QUICKST
 # main_ppo run happens once): an end-to-end main_ppo run keeps about one core busy, so 2 on 2 cores.
 TEST_JOBS ?= 2
 # .venv-vllm is built first: a machine that cannot build it (no libnuma) says so before the main tier's 20 minutes
-test: $(VENV)/.installed $(VENV_VLLM)/.installed real-model  ## the whole test suite: the main tier (about 40 minutes on 2 cores), then the vLLM tier
+test: $(VENV)/.installed $(VENV_VLLM)/.installed $(VENV_AUTOGEN)/.installed real-model  ## the whole test suite: the main tier (about 50 minutes on 2 cores), then the vLLM tier
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 	@$(MAKE) --no-print-directory test-vllm
 
@@ -201,10 +203,20 @@ $(VENV_VLLM)/.installed: tests/vllm_tier/install.sh tests/vllm_tier/alias/pyproj
 
 install-vllm: $(VENV_VLLM)/.installed  ## build .venv-vllm: vLLM's CPU build, torch 2.11, this package (the vLLM tier's environment)
 
+# The AutoGen team program's environment (examples/agents/plan_path_autogen.py runs as a command):
+# AutoGen pins protobuf 5, verl's stack needs 6 or later. AutoGen, and this package without its dependencies.
+$(VENV_AUTOGEN)/.installed: examples/agents/autogen-requirements.txt pyproject.toml
+	test -x $(VENV_AUTOGEN)/bin/python || $(PYTHON) -m venv $(VENV_AUTOGEN)
+	$(VENV_AUTOGEN)/bin/python -m pip install -q -r examples/agents/autogen-requirements.txt
+	$(VENV_AUTOGEN)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+install-autogen: $(VENV_AUTOGEN)/.installed  ## build .venv-autogen: AutoGen AgentChat for examples/agents/plan_path_autogen.py
+
 test-vllm: $(VENV_VLLM)/.installed  ## the vLLM tier alone (tests/vllm_tier, in .venv-vllm), its files TEST_JOBS at a time
 	$(VENV_VLLM)/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadfile tests/vllm_tier
 
-test-fast: $(VENV)/.installed real-model  ## the tests not marked slow (the edit loop)
+test-fast: $(VENV)/.installed $(VENV_AUTOGEN)/.installed real-model  ## the tests not marked slow (the edit loop)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
 
 # The CUDA variants of the engine, server and quickstart tests. Asked for by name, they fail where torch

@@ -268,11 +268,23 @@ SCRIPT = {  # (role, turn) -> the reply both paths receive
 }
 
 
-@pytest.mark.parametrize("example", ["plan_path_openai", "plan_path_langgraph", "plan_path_agents_sdk"])
+# the AutoGen team's own environment (make install-autogen): AutoGen pins protobuf 5, verl's stack needs 6
+AUTOGEN_PYTHON = os.path.join(os.path.dirname(PROGRAMS), "..", ".venv-autogen", "bin", "python")
+
+
+def example_program(example: str) -> ProgramConfig:
+    """``examples/agents/<example>.py`` as the recipe plays it: the AutoGen team as a command in its environment."""
+    if example != "plan_path_autogen":
+        return ProgramConfig(target=f"{EXAMPLES}/{example}.py:team")
+    assert os.path.isfile(AUTOGEN_PYTHON), f"{AUTOGEN_PYTHON} is missing: make install-autogen builds it"
+    return ProgramConfig(command=[AUTOGEN_PYTHON, f"{EXAMPLES}/{example}.py"])
+
+
+@pytest.mark.parametrize("example", ["plan_path_openai", "plan_path_langgraph", "plan_path_agents_sdk", "plan_path_autogen"])
 def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_token(tiny_model_dir, example):
     """For one task and the same replies, each example program's calls (bare openai, LangGraph,
-    Agents SDK) are the native Plan-Path episode's rows: equal prompt and reply token ids, role by
-    role, turn by turn."""
+    Agents SDK, AutoGen AgentChat as a command) are the native Plan-Path episode's rows: equal prompt
+    and reply token ids, role by role, turn by turn."""
     from transformers import AutoTokenizer
 
     from pettingllms_verl import envs
@@ -307,7 +319,7 @@ def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_t
         await door.start()
         problem = {"env": "plan_path", "seed": 5, "task": env.task, "env_kwargs": options}
         try:
-            return await play_program(ProgramConfig(target=f"{EXAMPLES}/{example}.py:team"), problem, ("tool", "plan"), 1, 1.0, door, render_, program_sample)
+            return await play_program(example_program(example), problem, ("tool", "plan"), 1, 1.0, door, render_, program_sample)
         finally:
             await door.stop()
 

@@ -2,7 +2,8 @@
 rollout's servers and trained with AT-GRPO: the example Plan-Path team with the bare ``openai``
 client (``examples/agents/plan_path_openai.py``, an agent per policy), evaluated as the OpenAI Agents
 SDK version of the same team (``plan_path_agents_sdk.py``); the LangGraph math team (a solver and a
-verifier, ``math_solver_verifier.py``) on one shared policy."""
+verifier, ``math_solver_verifier.py``) on one shared policy; the AutoGen AgentChat team
+(``plan_path_autogen.py``) as a command in an environment of its own, on one shared policy."""
 
 import html
 import json
@@ -14,7 +15,7 @@ import pytest
 
 import launch
 
-from test_programs import EXAMPLES
+from test_programs import AUTOGEN_PYTHON, EXAMPLES
 from test_mas_e2e import RECIPES, artifacts, dumped_rows, run_recipe, write_math_fixture  # noqa: F401 (artifacts: the module's fixture)
 
 pytestmark = pytest.mark.slow
@@ -103,3 +104,26 @@ def test_a_langgraph_math_program_on_one_shared_policy_with_independent_runs(art
         groups[row["mas_group"]].append(row)
     assert all(len({(r["mas_role"], r["mas_turn"]) for r in g}) == 1 for g in groups.values())
     assert max(len(g) for g in groups.values()) == 2  # the two runs of a problem meet in their calls' groups
+
+
+def test_an_autogen_team_in_its_own_environment_trains_one_shared_policy_with_tree_sampling_by_replay(artifacts):
+    """L0: the AutoGen AgentChat team, a command run by .venv-autogen's Python (AutoGen pins protobuf 5,
+    verl's stack needs 6), each run a process of its own; K = 2 branches per call, each a replay of
+    the command with the chosen prefix's replies served from the cache."""
+    dump = artifacts / "autogen_batches"
+    metrics = run_recipe(
+        artifacts, "plan_path_program_cpu", "~pettingllms.program.target",
+        f"+pettingllms.program.command=[{os.path.abspath(AUTOGEN_PYTHON)},{os.path.abspath(os.path.join(EXAMPLES, 'plan_path_autogen.py'))}]",
+        "~pettingllms.policies", "~pettingllms.roles.tool.policy", "~pettingllms.roles.plan.policy",  # none listed: one policy, shared
+        "trainer.total_training_steps=1", "trainer.experiment_name=autogen_l0", f"pettingllms.paths.batch_dump_dir={dump}",
+    )
+    data = metrics[0]["data"]
+    assert data["policy/shared/rows"] > 0 and data["mas/program/replayed_calls"] > 0 and data["mas/program/replay_diverged"] == 0
+    assert data["mas/episode_errors"] == 0 and data["training/rollout_probs_diff_mean"] < 1e-5
+    rows = dumped_rows(dump)
+    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {("tool", ("shared",)), ("plan", ("shared",))}
+    groups = defaultdict(list)
+    for row in rows:
+        groups[row["mas_group"]].append(row)
+    assert set(Counter(len(g) for g in groups.values())) == {2}  # every node: K = 2 replies, one of them continued
+    assert all(sum(row["mas_chosen"] for row in group) == 1 for group in groups.values())

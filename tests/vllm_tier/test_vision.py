@@ -64,6 +64,33 @@ def test_a_drawn_grid_becomes_the_processors_image_tokens_and_the_image_changes_
     assert (mine - swapped).abs().max() > 1e-3  # the same tokens with another grid's image: other log-probs
 
 
+def test_an_image_over_the_processors_limit_is_resized_and_one_over_the_prompt_budget_ends_the_episode(processor):
+    """The agent loop's render: an image larger than the processor allows becomes the processor's
+    size (Qwen2-VL's processors resize to their pixel bounds); an image whose tokens do not fit the
+    prompt budget raises PromptTooLong, which ends the episode as ``prompt_overflow`` (test_faults)."""
+    import copy
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from pettingllms_verl.envs.images import image_part
+    from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
+    from pettingllms_verl.rollout.episode import PromptTooLong
+
+    env = envs.make("plan_path", size=6, image_roles=["plan"])
+    env.reset(seed=0)
+    messages = env.observation("plan")
+    huge = Image.new("RGB", (2800, 1960), (200, 30, 30))
+    messages[-1]["content"] = [image_part(huge) if part["type"] == "image" else part for part in messages[-1]["content"]]
+    loop = SimpleNamespace(processor=processor, tokenizer=processor.tokenizer, prompt_length=1024, apply_chat_template_kwargs={})
+    ids = EpisodeAgentLoop.render(loop, messages)
+    assert ids.count(processor.image_token_id) == image_tokens() == 9  # resized to the processor's 84 x 84
+    generous = copy.deepcopy(processor)  # a processor that keeps the image whole: (2800 / 28) x (1960 / 28) = 7000 tokens
+    generous.image_processor.size = {"shortest_edge": 84 * 84, "longest_edge": 2800 * 1960}
+    with pytest.raises(PromptTooLong, match="7[0-9]{3}-token prompt exceeds data.max_prompt_length=1024"):
+        EpisodeAgentLoop.render(SimpleNamespace(**{**vars(loop), "processor": generous}), messages)
+
+
 def test_the_engine_samples_image_prompts_with_their_own_log_probs_beside_text_prompts(processor, model, chat_ids):
     engine = HFGenerationEngine(model, processor.tokenizer)
     (a, _, media_a), (b, _, media_b) = plan_prompt(processor, 0), plan_prompt(processor, 1)

@@ -22,7 +22,7 @@ def artifacts(tmp_path_factory, tiny_vl_model_dir):
 
     root = tmp_path_factory.mktemp("vision")
     shutil.copytree(tiny_vl_model_dir, root / "tiny_vl_model")
-    for split, rows in generate_splits("plan_path", {"train": 8, "val": 2}, {"size": 6}).items():
+    for split, rows in generate_splits("plan_path", {"train": 8, "val": 2, "test": 2}, {"size": 6}).items():
         write_parquet(rows, str(root / "data" / "plan_path_6x6" / f"{split}.parquet"))
     return root
 
@@ -64,3 +64,40 @@ def test_an_adapter_per_role_on_the_vision_language_base(artifacts):
             assert data[f"policy/{adapter}/training/rollout_probs_diff_max"] < 1e-5, (step, adapter)
     assert any(data["policy/plan_adapter/actor/grad_norm"] > 0 for data in metrics)
     assert {(row["mas_role"], row["mas_served_by"][0], row["mas_images"]) for row in rows} == {("plan", "plan_adapter", 1), ("tool", "tool_adapter", 0)}
+
+
+def test_the_evaluation_plays_a_team_that_sees_and_the_viewer_shows_each_role_what_it_saw(artifacts):
+    """``pettingllms-eval`` on the vision recipe (its base model): every plan prompt in episodes.jsonl
+    keeps the image it held, the grid of the episode's size; the tool's none. The viewer embeds them."""
+    import base64
+    import io
+    import json
+    import os
+    import sys
+
+    import launch
+    from PIL import Image
+
+    from pettingllms_verl.envs.images import CELL_PIXELS, PNG_DATA_URI
+    from vllm_runs import RECIPES
+
+    out = artifacts / "eval"
+    result = launch.run(
+        [sys.executable, "-m", "pettingllms_verl.eval", "seen=plan_path_mas_atgrpo_vision_cpu", "--episodes", "2",
+         "--out", str(out), "--recipes", RECIPES],
+        timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    episodes = [json.loads(line) for line in open(out / "episodes.jsonl")]
+    assert len(episodes) == 2
+    samples = [sample for episode in episodes for sample in episode["samples"]]
+    shown = [sample for sample in samples if sample.get("images")]
+    assert {sample["role"] for sample in shown} == {"plan"} and all(not sample.get("images") for sample in samples if sample["role"] == "tool")
+    for sample in shown:
+        (uri,) = sample["images"]
+        assert uri.startswith(PNG_DATA_URI)
+        assert Image.open(io.BytesIO(base64.b64decode(uri[len(PNG_DATA_URI):]))).size == (6 * CELL_PIXELS, 6 * CELL_PIXELS)
+    page = artifacts / "episodes.html"
+    result = launch.run([sys.executable, "-m", "pettingllms_verl.eval.viewer", str(out / "episodes.jsonl"), "--out", str(page)], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert page.read_text().count('<img class="seen"') == len(shown)
