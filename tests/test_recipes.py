@@ -24,10 +24,10 @@ RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
 NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_ppo|mas_full|mas_lora|sa_grpo|program)_"
-                  r"(?P<target>cpu|smollm2_cpu|repro_cpu|smollm2_repro_cpu|vllm_cpu|vision_cpu|qwen3_1p7b|qwen3_8b|qwen2p5_vl_3b)$")
+                  r"(?P<target>cpu|smollm2_cpu|repro_cpu|smollm2_repro_cpu|vllm_cpu|vision_cpu|vision_vllm_cpu|qwen3_1p7b|qwen3_8b|qwen2p5_vl_3b)$")
 # the tiny model / the real SmolLM2-135M (make real-model) / make reproduce / make reproduce-real / vLLM's CPU build (make test-vllm)
-# / the tiny vision-language model (make model-vl)
-CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu", "smollm2_repro_cpu", "vllm_cpu", "vision_cpu")
+# / the tiny vision-language model (make model-vl), with the hf rollout / with vLLM's CPU build
+CPU_TARGETS = ("cpu", "smollm2_cpu", "repro_cpu", "smollm2_repro_cpu", "vllm_cpu", "vision_cpu", "vision_vllm_cpu")
 EPISODE_RECIPES = [name for name in RECIPES if NAME.match(name)]
 GPU_RECIPES = [name for name in EPISODE_RECIPES if NAME.match(name)["target"] not in CPU_TARGETS]
 GPU_MODELS = {"qwen3_1p7b": ("Qwen/Qwen3-1.7B", 1), "qwen3_8b": ("Qwen/Qwen3-8B", 2), "qwen2p5_vl_3b": ("Qwen/Qwen2.5-VL-3B-Instruct", 1)}  # model, vLLM TP
@@ -264,7 +264,7 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
     else:
         assert (settings.workflow, settings.rollout_mode, cfg.algorithm.adv_estimator) == ("sa", "independent", "grpo")
         assert rollout.n > 1  # the GRPO group
-    if parts["target"] == "vllm_cpu":  # the vLLM tier: verl's vLLM server (adapters: several per server)
+    if parts["target"] in ("vllm_cpu", "vision_vllm_cpu"):  # the vLLM tier: verl's vLLM server (adapters: several per server)
         assert (cfg.trainer.device, rollout.name) == ("cpu", "vllm_multilora" if parts["mode"] == "mas_lora" else "vllm")
         assert rollout.enable_prefix_caching and not rollout.enable_sleep_mode
     elif parts["target"] in CPU_TARGETS:

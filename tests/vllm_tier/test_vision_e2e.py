@@ -66,6 +66,18 @@ def test_an_adapter_per_role_on_the_vision_language_base(artifacts):
     assert {(row["mas_role"], row["mas_served_by"][0], row["mas_images"]) for row in rows} == {("plan", "plan_adapter", 1), ("tool", "tool_adapter", 0)}
 
 
+def test_vllm_serves_the_image_prompts_and_samples_what_the_trainer_scores(artifacts):
+    """L0 with verl's vLLM server (vLLM's CPU build, ``plan_path_mas_atgrpo_vision_vllm_cpu``): the
+    plan prompts reach vLLM with their images (a prompt's image tokens without the image would give
+    other log-probs than the actor's, which reads the pixels), synced after every step."""
+    metrics, rows, _ = train(artifacts, "plan_path_mas_atgrpo_vision_vllm_cpu", MOVING, "trainer.save_freq=-1")
+    assert len(metrics) == STEPS
+    for step, data in enumerate(metrics, start=1):
+        assert data["training/rollout_probs_diff_max"] < 1e-5, (step, data["training/rollout_probs_diff_max"])
+        assert data["training/off_policy/trajectory_staleness/max"] == 0, step
+    assert all(row["mas_images"] == (row["mas_role"] == "plan") for row in rows) and any(row["mas_images"] for row in rows)
+
+
 def test_the_evaluation_plays_a_team_that_sees_and_the_viewer_shows_each_role_what_it_saw(artifacts):
     """``pettingllms-eval`` on the vision recipe (its base model): every plan prompt in episodes.jsonl
     keeps the image it held, the grid of the episode's size; the tool's none. The viewer embeds them."""
