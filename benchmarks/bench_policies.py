@@ -40,6 +40,7 @@ MODES = {  # name -> (recipe, extra overrides)
     "L2 + PPO": ("plan_path_mas_full_cpu", ["algorithm.adv_estimator=gae"]),
 }
 KINDS = {"trainer": "WorkerDict", "rollout": "HFRolloutServer"}
+PARTS = ("gen", "old_log_prob", "update_actor")  # a step's parts (timing_s/<part>), averaged like the step
 # ~100M parameters: 12 layers of hidden 768 (head_dim 64), MLP 2048, the tiny tokenizer's 1024 tokens
 MODEL_100M = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12, intermediate_size=2048)
 
@@ -96,7 +97,10 @@ def run(root: str, recipe: str, overrides: list[str], model: str, steps: int) ->
     steps_logged = [json.loads(line)["data"] for line in open(log)][1:]
     step_s = sum(step["timing_s/step"] for step in steps_logged) / len(steps_logged)
     critic_s = sum(step.get("timing_s/values", 0.0) + step.get("timing_s/update_critic", 0.0) for step in steps_logged) / len(steps_logged)
-    return {"step_s": step_s, "critic_frac": critic_s / step_s, **{f"{kind}_gib": peaks.get(kind, 0.0) for kind in KINDS}}
+    parts = {f"{part}_s": sum(step.get(f"timing_s/{part}", 0.0) for step in steps_logged) / len(steps_logged) for part in PARTS}
+    prompt_tokens = sum(step["prompt_length/mean"] for step in steps_logged) / len(steps_logged)
+    return {"step_s": step_s, "critic_frac": critic_s / step_s, **parts, "prompt_tokens": prompt_tokens,
+            **{f"{kind}_gib": peaks.get(kind, 0.0) for kind in KINDS}}
 
 
 def main() -> None:
