@@ -4,8 +4,8 @@
 ``Qwen2VLForConditionalGeneration`` (the Qwen2-VL architecture that verl and vLLM serve: a one-block
 vision tower, the tiny text model's width and depth) with its processor: the tiny byte-level BPE
 tokenizer plus Qwen2-VL's vision tokens, a ChatML template that renders image parts of a message
-as ``<|vision_start|><|image_pad|><|vision_end|>``, and Qwen2-VL's image processor fixed to one
-size, so that a drawn grid always becomes the same few image tokens. Same seed, same files;
+as ``<|vision_start|><|image_pad|><|vision_end|>``, and Qwen2-VL's image processor bounded to one
+pixel count, so that a drawn (square) grid always becomes the same few image tokens. Same seed, same files;
 nothing is downloaded.
 """
 
@@ -33,7 +33,7 @@ CHATML_VL_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 PATCH, MERGE, TEMPORAL = 14, 2, 2  # Qwen2-VL's patch size, spatial merge and temporal patch
-IMAGE_SIDE = 84  # every image is resized to 84 x 84 pixels: (84 / 14)^2 / 2^2 = 9 image tokens
+IMAGE_SIDE = 84  # every image is resized to 84 x 84 pixels' worth, its aspect kept: a square one to 84 x 84, (84 / 14)^2 / 2^2 = 9 image tokens
 VISION_CONFIG = dict(depth=1, embed_dim=32, num_heads=2, mlp_ratio=2, patch_size=PATCH, spatial_merge_size=MERGE,
                      temporal_patch_size=TEMPORAL, in_channels=3)
 
