@@ -133,16 +133,21 @@ def code_artifacts(artifacts, warm_model):
 def test_code_team_in_the_sandbox_with_a_frozen_tester_adapter(code_artifacts):
     """code_mas_lora_cpu: the team's programs run in the sandbox of a Ray worker and their pass
     rates reach the batch; the coder's adapter learns, the tester's (trainable: false) generates and
-    is never updated: no optimizer state, no schedule step, lora_B still zero after 3 steps."""
+    is never updated: no optimizer state, no schedule step, lora_B still zero after 3 steps. Old
+    log-probs are the rollout's (verl's bypass mode, as the SmolLM2 LoRA recipe): no forward recomputes
+    them, and each adapter's update runs on them."""
     from pettingllms_verl.envs.base import PARSE_PENALTY
 
     dump = code_artifacts / "code_lora_batches"
     # with a KL term: the reference policy is the base with every adapter off (verl's no_lora_adapter)
-    metrics = run_recipe(code_artifacts, "code_mas_lora_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "actor_rollout_ref.actor.use_kl_loss=true")
+    metrics = run_recipe(code_artifacts, "code_mas_lora_cpu", f"pettingllms.paths.batch_dump_dir={dump}", "actor_rollout_ref.actor.use_kl_loss=true",
+                         "algorithm.rollout_correction.bypass_mode=true")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert m["data"]["policy/tester_adapter/rows"] > 0 and m["data"]["policy/coder_adapter/rows"] > 0
         assert "policy/coder_adapter/actor/grad_norm" in m["data"] and "policy/tester_adapter/actor/grad_norm" not in m["data"]
+        # bypassed: the recomputing forward, which measures the rollout-vs-actor gap and the entropy, did not run
+        assert not any(key.endswith(("rollout_probs_diff_max", "actor/entropy")) for key in m["data"])
         assert m["data"]["policy/coder_adapter/actor/kl_loss"] >= 0.0
     assert metrics[-1]["data"]["policy/coder_adapter/actor/kl_loss"] > 0.0  # the trained adapter left the base
     rows = dumped_rows(dump)

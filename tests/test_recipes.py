@@ -418,7 +418,8 @@ def test_gpu_prompts_fit_max_prompt_length(name, recipe, datasets):
 
 def _content_tokens_bound(content) -> int:
     """A message's tokens, bounded: its text's UTF-8 bytes, and for an image Qwen2-VL/2.5-VL's count
-    (a token per 28 x 28 pixels, as the processor rounds the size up, and its start and end tokens)."""
+    (a token per 28 x 28 pixels, the sides rounded up to a multiple of 28, and its start and end tokens;
+    for the grids drawn here, at least 56 pixels a side, the processor's own rounding is not above it)."""
     if isinstance(content, str):
         return len(content.encode())
     return sum(len(part["text"].encode()) if part["type"] == "text"

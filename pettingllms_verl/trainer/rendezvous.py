@@ -28,9 +28,9 @@ def ephemeral_low(path: str = EPHEMERAL_RANGE) -> int | None:
         return None
 
 
-def free_port(candidates: range, rng: random.Random) -> int | None:
-    """A port of ``candidates`` that binds now, tried in random order; None if none of ``TRIES`` does."""
-    for port in rng.sample(candidates, min(TRIES, len(candidates))):
+def free_port(candidates: range, rng: random.Random, tries: int | None = TRIES) -> int | None:
+    """A port of ``candidates`` that binds now, ``tries`` of them (None: all) in random order; None if none does."""
+    for port in rng.sample(candidates, len(candidates) if tries is None else min(tries, len(candidates))):
         with socket.socket() as s:
             try:
                 s.bind(("", port))
@@ -44,7 +44,7 @@ def pick_port(master_port_range: list[int] | None, low: int | None, rng: random.
     """A free port of ``master_port_range`` where given (verl's option), else one in
     [``LOWEST``, ``low``) below the ephemeral range starting at ``low``, else one the kernel picks."""
     if master_port_range is not None:
-        port = free_port(range(*master_port_range), rng)
+        port = free_port(range(*master_port_range), rng, tries=None)  # as verl does: every port of the range
         if port is None:
             raise RuntimeError(f"no free port in master_port_range {master_port_range}")
         return port
