@@ -15,7 +15,7 @@ import pytest
 
 import launch
 
-from test_programs import AUTOGEN_PYTHON, EXAMPLES
+from test_programs import EXAMPLES, example_program
 from test_mas_e2e import RECIPES, artifacts, dumped_rows, run_recipe, write_math_fixture  # noqa: F401 (artifacts: the module's fixture)
 
 pytestmark = pytest.mark.slow
@@ -113,7 +113,7 @@ def test_an_autogen_team_in_its_own_environment_trains_one_shared_policy_with_tr
     dump = artifacts / "autogen_batches"
     metrics = run_recipe(
         artifacts, "plan_path_program_cpu", "~pettingllms.program.target",
-        f"+pettingllms.program.command=[{os.path.abspath(AUTOGEN_PYTHON)},{os.path.abspath(os.path.join(EXAMPLES, 'plan_path_autogen.py'))}]",
+        f"+pettingllms.program.command=[{','.join(map(os.path.abspath, example_program('plan_path_autogen').command))}]",
         "~pettingllms.policies", "~pettingllms.roles.tool.policy", "~pettingllms.roles.plan.policy",  # none listed: one policy, shared
         "trainer.total_training_steps=1", "trainer.experiment_name=autogen_l0", f"pettingllms.paths.batch_dump_dir={dump}",
     )
