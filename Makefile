@@ -25,7 +25,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install install-autogen model model-vl real-model real-warm-start reproduce-real reproduce reproduce-ppo model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
+.PHONY: help run install install-autogen model model-vl real-model real-warm-start reproduce-real reproduce reproduce-ppo reproduce-program model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -157,6 +157,12 @@ reproduce: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/data/plan
 # AT-GRPO, 3 seeds, before and after (reported on its own; docs/reproduction.md).
 reproduce-ppo: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## MAS + PPO (a critic) on the reproduction's task, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --methods ppo --out $(ARTIFACTS)/reproduce_ppo
+
+# The same team written as a LangGraph program, trained through the gateway with tree sampling by
+# replay, beside the native environment's team (mas): 3 seeds each, before and after, and the
+# program's runs against the environment's (docs/agent-programs.md).
+reproduce-program: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## the reproduction's shared-policy team as a LangGraph program, against the same team as an environment, 3 seeds
+	$(PY) -m pettingllms_verl.eval.reproduce --methods mas,program --out $(ARTIFACTS)/reproduce_program
 
 # The real model on the same task (make reproduce-real): SmolLM2-135M-Instruct with a LoRA adapter per
 # role, each warm-started by verl's SFT trainer (LoRA) on its role's replies in team episodes of the

@@ -99,7 +99,12 @@ def test_the_reward_forms_and_what_is_refused():
     assert outcome(0.5, AGENTS, 1.0) == Outcome(0.5, None, False)
     assert outcome({"writer": 1.0}, AGENTS, 0.5) == Outcome(0.5, {"writer": 1.0, "checker": 0.0}, True)
     assert outcome(2.0, AGENTS, 1.0).reward("checker", alpha=0.5) == 1.0
-    for bad, words in ((True, "finite number"), (float("nan"), "finite number"), ({"boss": 1.0}, "['boss']"), ("1", "finite number")):
+    # the program's own word on success, whatever the threshold would say of its reward
+    assert outcome({"reward": {"writer": 1.5, "checker": 0.9}, "success": False}, AGENTS, 1.0) == Outcome(1.2, {"writer": 1.5, "checker": 0.9}, False)
+    assert outcome({"reward": 0.2, "success": True}, AGENTS, 1.0) == Outcome(0.2, None, True)
+    for bad, words in ((True, "finite number"), (float("nan"), "finite number"), ({"boss": 1.0}, "['boss']"), ("1", "finite number"),
+                       ({"reward": {"boss": 1.0}, "success": True}, "['boss']"), ({"reward": 1.0, "success": "yes"}, "finite number"),
+                       ({"reward": "1", "success": True}, "finite number")):
         with pytest.raises(ProgramFailed, match=words.replace("[", r"\[").replace("]", r"\]")):
             outcome(bad, AGENTS, 1.0)
 
@@ -328,6 +333,7 @@ def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_t
     assert [(s.role, s.turn, s.prompt_ids, s.response_ids) for s in ours.samples] == [
         (s.role, s.turn, s.prompt_ids, s.response_ids) for s in native.samples
     ]
+    assert ours.success == native.success  # the puzzle's own word, returned with the rewards
 
 
 def test_the_math_team_solves_verifies_and_is_graded_by_math_verify():

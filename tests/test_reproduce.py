@@ -560,6 +560,25 @@ def test_the_real_model_is_not_in_the_default_methods_and_its_adapters_starts_ar
     assert reproduce.before_sources(["mas", "real"], {"mas": reproduce.warm_start(args, "mas"), "real": warm})["real"] == "real"
 
 
+def test_the_program_team_plays_its_own_before_and_is_compared_with_the_environments_team(tmp_path, monkeypatch):
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    args = reproduce.parse_args(["--methods", "mas,program", "--out", str(tmp_path / "out")])
+    assert "program" not in reproduce.parse_args([]).methods  # `make reproduce-program` asks for it, beside mas
+    warm = {method: reproduce.warm_start(args, method) for method in args.methods}
+    assert warm["program"] == warm["mas"]  # the same shared policy from the same warm start
+    # its untrained team is the program's play, not the environment's: it is evaluated on its own
+    assert reproduce.before_sources(args.methods, warm) == {"mas": "mas", "program": "program"}
+    assert reproduce.flat_config("plan_path_program_repro_cpu", [], reproduce.runs.RECIPES_DIR)["pettingllms.program.target"] \
+        == "examples/agents/plan_path_langgraph.py:team"
+    before = {"test": {s: _evaluation(_row("mas", 0.5), _row("program", 0.5)) for s in (0, 1)}}
+    after = {"test": {s: _evaluation(_row(f"mas_s{s}", 0.8 + s / 10), _row(f"program_s{s}", 0.7 + s / 10),
+                                     outcomes={f"mas_s{s}": {"1": True, "2": True}, f"program_s{s}": {"1": True, "2": bool(s)}}) for s in (0, 1)}}
+    found = reproduce.comparisons(reproduce.aggregate(before, after, args.methods, [0, 1]))
+    pair = next(c for c in found if c["a"] == "MAS + AT-GRPO, shared policy, the team as a LangGraph program")
+    assert pair["b"] == "MAS + AT-GRPO, shared policy" and pair["seeds"]["diff"] == pytest.approx(-0.1)
+    assert pair["paired"]["diff"] == pytest.approx(-0.25)  # problem 2: 1/2 against 2/2
+
+
 def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_in_for(tmp_path, monkeypatch, capsys):
     """``reproduce.main`` end to end, main_ppo and pettingllms-eval replaced by stand-ins: per split
     and seed a "before" and an "after" evaluation, each seed's sampling its own, the table with

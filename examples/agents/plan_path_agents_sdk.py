@@ -28,4 +28,5 @@ async def team(task: dict, client) -> dict:
             agent = Agent(name=name, instructions=system["content"], model=OpenAIChatCompletionsModel(model=name, openai_client=ai))
             result = await Runner.run(agent, input=conversation)
             earned[name].append(puzzle.step(name, result.final_output).local_reward)  # the tool's program runs in the sandbox here
-    return {name: puzzle.global_reward + sum(rewards) / len(rewards) for name, rewards in earned.items()}
+    per_agent = {name: puzzle.global_reward + sum(rewards) / len(rewards) for name, rewards in earned.items()}
+    return {"reward": per_agent, "success": puzzle.success}  # solved is the puzzle's word, not a reward threshold

@@ -5,7 +5,7 @@ AutoGen pins protobuf 5, which verl's environment has outgrown, so this program 
 environment of its own (``make install-autogen`` builds ``.venv-autogen``: AutoGen and this package
 without its dependencies; the puzzle needs none) and runs as the recipe's ``program.command``. It
 reads its session from ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``PETTINGLLMS_TASK_FILE`` and
-prints each agent's reward as JSON on its last line.
+prints each agent's reward and whether the puzzle was solved as JSON on its last line.
 
 A ``RoundRobinGroupChat`` of two agents, ``tool`` then ``plan``, each with an
 ``OpenAIChatCompletionClient`` whose ``model`` names the agent; the chat ends when the puzzle does
@@ -81,10 +81,11 @@ async def team(task: dict) -> dict[str, float]:
     finally:
         for agent in agents:
             await agent.model.close()
-    return {agent: puzzle.global_reward + sum(rewards) / len(rewards) for agent, rewards in earned.items()}
+    per_agent = {agent: puzzle.global_reward + sum(rewards) / len(rewards) for agent, rewards in earned.items()}
+    return {"reward": per_agent, "success": puzzle.success}  # solved is the puzzle's word, not a reward threshold
 
 
 if __name__ == "__main__":
     with open(os.environ["PETTINGLLMS_TASK_FILE"]) as file:
-        rewards = asyncio.run(team(json.load(file)))
-    print(json.dumps(rewards))
+        result = asyncio.run(team(json.load(file)))
+    print(json.dumps(result))

@@ -45,4 +45,5 @@ async def team(task: dict, client) -> dict:
     graph.add_edge("tool", "plan")
     graph.add_conditional_edges("plan", lambda state: END if puzzle.done else "tool")
     await graph.compile().ainvoke({"turns": 0})
-    return {agent: puzzle.global_reward + sum(rewards) / len(rewards) for agent, rewards in earned.items()}
+    per_agent = {agent: puzzle.global_reward + sum(rewards) / len(rewards) for agent, rewards in earned.items()}
+    return {"reward": per_agent, "success": puzzle.success}  # solved is the puzzle's word, not a reward threshold

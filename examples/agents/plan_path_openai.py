@@ -25,4 +25,5 @@ async def team(task: dict, client) -> dict:
             step = puzzle.step(agent, reply.choices[0].message.content)  # the tool's program runs in the sandbox here
             earned[agent].append(step.local_reward)
     # each agent: the team's progress, plus the mean of its own replies' rewards (as the native team's return)
-    return {agent: puzzle.global_reward + sum(rewards) / len(rewards) for agent, rewards in earned.items()}
+    per_agent = {agent: puzzle.global_reward + sum(rewards) / len(rewards) for agent, rewards in earned.items()}
+    return {"reward": per_agent, "success": puzzle.success}  # solved is the puzzle's word, not a reward threshold

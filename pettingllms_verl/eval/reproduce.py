@@ -12,6 +12,10 @@ noisy demonstrations, and methods with the same steps, replies per step and opti
   with the two trained policies swapped;
 - ``ppo`` (not in the default ``--methods``): MAS + PPO, the shared policy of ``mas`` trained with a
   critic (``algorithm.adv_estimator=gae``) instead of AT-GRPO (``plan_path_mas_ppo_repro_cpu``);
+- ``program`` (not in the default ``--methods``; ``make reproduce-program`` runs it beside ``mas``): the
+  team of ``mas`` written as a LangGraph program (``examples/agents/plan_path_langgraph.py``) that calls
+  the shared policy through the gateway, tree-sampled by replay (``plan_path_program_repro_cpu``; run
+  from the repository root). It plays its own "before": the program, not the environment, plays it;
 - ``real`` (not in the default ``--methods``; ``make reproduce-real``): the real model, SmolLM2-135M
   with a LoRA adapter per role, each warm-started on its role's demonstrations
   (``plan_path_mas_lora_smollm2_repro_cpu``), also evaluated swapped.
@@ -65,6 +69,7 @@ METHODS = {  # name -> (recipe, what the tables call it)
     "mas_by_problem": ("plan_path_mas_grpo_by_problem_repro_cpu", "MAS + GRPO grouped by problem, shared policy"),
     "per_role": ("plan_path_mas_full_repro_cpu", "MAS + AT-GRPO, a model per role"),
     "ppo": ("plan_path_mas_ppo_repro_cpu", "MAS + PPO (a critic), shared policy"),
+    "program": ("plan_path_program_repro_cpu", "MAS + AT-GRPO, shared policy, the team as a LangGraph program"),
     "real": ("plan_path_mas_lora_smollm2_repro_cpu", "MAS + AT-GRPO, SmolLM2-135M, a LoRA adapter per role"),
 }
 TINY = ("sa", "mas", "mas_by_problem", "per_role")  # `make reproduce`; `make reproduce-real` runs "real"
@@ -501,7 +506,8 @@ def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], s
 
 # (a, b): the after-training comparisons the reproduction reports, by method (and swapped)
 COMPARISONS = [(("mas", False), ("sa", False)), (("per_role", False), ("sa", False)), (("mas", False), ("mas_by_problem", False)),
-               (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False)), (("real", True), ("real", False))]
+               (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False)), (("real", True), ("real", False)),
+               (("program", False), ("mas", False))]
 
 
 def comparisons(table: list[dict]) -> list[dict]:

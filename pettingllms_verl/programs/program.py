@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from pettingllms_verl.config import ProgramConfig
@@ -54,7 +54,17 @@ class Outcome:
 
 
 def outcome(value: Any, agents: Sequence[str], success_at: float) -> Outcome:
-    """A program's (or reward function's) return value as an ``Outcome``; ``ProgramFailed`` says what is wrong."""
+    """A program's (or reward function's) return value as an ``Outcome``; ``ProgramFailed`` says what is wrong.
+
+    Forms: a number (the team reward); an object of agent -> number (each agent's reward); or
+    ``{"reward": <either>, "success": <bool>}``, where the program says whether the episode was solved
+    instead of ``success_at`` deciding it from the reward (no agent's reward is a bool, so the forms are apart)."""
+    if isinstance(value, dict) and set(value) == {"reward", "success"} and isinstance(value["success"], bool):
+        return replace(_rewarded(value["reward"], agents, success_at), success=value["success"])
+    return _rewarded(value, agents, success_at)
+
+
+def _rewarded(value: Any, agents: Sequence[str], success_at: float) -> Outcome:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return Outcome(float(value), None, float(value) >= success_at)
     if isinstance(value, dict) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value.values()):
@@ -64,7 +74,8 @@ def outcome(value: Any, agents: Sequence[str], success_at: float) -> Outcome:
         rewards = {agent: float(value.get(agent, 0.0)) for agent in agents}
         team = sum(rewards.values()) / len(rewards)
         return Outcome(team, rewards, team >= success_at)
-    raise ProgramFailed("program_error", f"the reward must be a finite number or an object of agent -> number, got {str(value)[:200]!r}")
+    raise ProgramFailed("program_error", f"the reward must be a finite number, an object of agent -> number, or either as "
+                        f"{{\"reward\": ..., \"success\": true|false}}, got {str(value)[:200]!r}")
 
 
 def command(config: ProgramConfig) -> list[str]:
