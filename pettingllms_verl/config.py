@@ -153,8 +153,8 @@ class ProgramConfig:
 
     target: Optional[str] = key("the team program, 'module:function' or 'file.py:function' (sync or async): fn(task, client) -> reward; run in a process of its own per episode")
     command: Optional[List[str]] = key("or a command (any language): reads OPENAI_BASE_URL, OPENAI_API_KEY and PETTINGLLMS_TASK_FILE (the task, a JSON file) from its environment, prints its reward as the last line")
-    reward: Optional[str] = key("optional 'module:function': fn(task=, transcript=, output=) -> reward, over the recorded calls (replaces what the program returns)")
-    success_at: float = key("an episode counts as solved when its team reward (or the mean of its agents' rewards) reaches this", 1.0)
+    reward: Optional[str] = key("optional 'module:function': fn(task=, transcript=, output=) -> reward (any form a program may return), over the recorded calls (replaces what the program returns)")
+    success_at: float = key("an episode counts as solved when its team reward (or the mean of its agents' rewards) reaches this, unless the program returns its own success", 1.0)
     time_limit_s: float = key("wall time a program run may take; past it its processes are killed and the episode is lost (program_timeout)", 300.0)
     max_calls: int = key("most model calls one program run may make (all agents together); one more loses the episode (program_call_limit)", 64)
     host: str = key("the interface the gateway listens on (loopback unless you need the program elsewhere)", "127.0.0.1")

@@ -9,6 +9,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -102,8 +103,10 @@ def test_the_reward_forms_and_what_is_refused():
     # the program's own word on success, whatever the threshold would say of its reward
     assert outcome({"reward": {"writer": 1.5, "checker": 0.9}, "success": False}, AGENTS, 1.0) == Outcome(1.2, {"writer": 1.5, "checker": 0.9}, False)
     assert outcome({"reward": 0.2, "success": True}, AGENTS, 1.0) == Outcome(0.2, None, True)
+    with pytest.raises(ProgramFailed, match=r'"success" must be true or false, got .1.'):
+        outcome({"reward": 1.0, "success": 1}, AGENTS, 1.0)
     for bad, words in ((True, "finite number"), (float("nan"), "finite number"), ({"boss": 1.0}, "['boss']"), ("1", "finite number"),
-                       ({"reward": {"boss": 1.0}, "success": True}, "['boss']"), ({"reward": 1.0, "success": "yes"}, "finite number"),
+                       ({"reward": {"boss": 1.0}, "success": True}, "['boss']"),
                        ({"reward": "1", "success": True}, "finite number")):
         with pytest.raises(ProgramFailed, match=words.replace("[", r"\[").replace("]", r"\]")):
             outcome(bad, AGENTS, 1.0)
@@ -324,7 +327,8 @@ def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_t
         await door.start()
         problem = {"env": "plan_path", "seed": 5, "task": env.task, "env_kwargs": options}
         try:
-            return await play_program(example_program(example), problem, ("tool", "plan"), 1, 1.0, door, render_, program_sample)
+            # a threshold every reward passes: the episode's success must be the program's own word
+            return await play_program(replace(example_program(example), success_at=-10.0), problem, ("tool", "plan"), 1, 1.0, door, render_, program_sample)
         finally:
             await door.stop()
 
@@ -333,7 +337,7 @@ def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_t
     assert [(s.role, s.turn, s.prompt_ids, s.response_ids) for s in ours.samples] == [
         (s.role, s.turn, s.prompt_ids, s.response_ids) for s in native.samples
     ]
-    assert ours.success == native.success  # the puzzle's own word, returned with the rewards
+    assert not native.success and not ours.success  # the puzzle's own word (unsolved), returned with the rewards
 
 
 def test_the_math_team_solves_verifies_and_is_graded_by_math_verify():

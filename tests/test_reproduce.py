@@ -16,6 +16,8 @@ from pettingllms_verl import envs
 from pettingllms_verl.eval import reproduce, stats
 from pettingllms_verl.models.demos import BFS_PROGRAM, NAIVE_PROGRAM, plan_path_demos, shortest_path
 
+REPO = Path(__file__).resolve().parents[1]
+
 ENV = {"size": 5, "wall_density": 0.3, "max_turns": 2}
 
 
@@ -568,8 +570,8 @@ def test_the_program_team_plays_its_own_before_and_is_compared_with_the_environm
     assert warm["program"] == warm["mas"]  # the same shared policy from the same warm start
     # its untrained team is the program's play, not the environment's: it is evaluated on its own
     assert reproduce.before_sources(args.methods, warm) == {"mas": "mas", "program": "program"}
-    assert reproduce.flat_config("plan_path_program_repro_cpu", [], reproduce.runs.RECIPES_DIR)["pettingllms.program.target"] \
-        == "examples/agents/plan_path_langgraph.py:team"
+    target = reproduce.flat_config("plan_path_program_repro_cpu", [], reproduce.runs.RECIPES_DIR)["pettingllms.program.target"]
+    assert (REPO / target.split(":")[0]).is_file()  # relative to the repository root, where make runs it
     before = {"test": {s: _evaluation(_row("mas", 0.5), _row("program", 0.5)) for s in (0, 1)}}
     after = {"test": {s: _evaluation(_row(f"mas_s{s}", 0.8 + s / 10), _row(f"program_s{s}", 0.7 + s / 10),
                                      outcomes={f"mas_s{s}": {"1": True, "2": True}, f"program_s{s}": {"1": True, "2": bool(s)}}) for s in (0, 1)}}
@@ -577,6 +579,26 @@ def test_the_program_team_plays_its_own_before_and_is_compared_with_the_environm
     pair = next(c for c in found if c["a"] == "MAS + AT-GRPO, shared policy, the team as a LangGraph program")
     assert pair["b"] == "MAS + AT-GRPO, shared policy" and pair["seeds"]["diff"] == pytest.approx(-0.1)
     assert pair["paired"]["diff"] == pytest.approx(-0.25)  # problem 2: 1/2 against 2/2
+
+
+def test_a_program_changed_outside_the_package_trains_again_and_one_not_found_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    program = tmp_path / "team.py"
+    program.write_text((REPO / "examples" / "agents" / "plan_path_langgraph.py").read_text())
+    args = reproduce.parse_args(["--methods", "program", "--out", str(tmp_path / "out"), "--set", f"pettingllms.program.target={program}:team"])
+    run_dir = tmp_path / "out" / "checkpoints" / "program_s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "latest_checkpointed_iteration.txt").write_text("40")
+    warm = reproduce.warm_start(args, "program")
+    for name, record in (("warm_start", warm), ("settings", reproduce.training_settings("program", args)), ("source", "src")):
+        (run_dir / f"{name}.json").write_text(json.dumps(record))
+    assert reproduce.stale(run_dir, warm, reproduce.training_settings("program", args), "src") == []
+    program.write_text(program.read_text().replace('AGENTS = ("tool", "plan")', 'AGENTS = ("plan", "tool")'))  # the package's source is the same
+    (reason,) = reproduce.stale(run_dir, warm, reproduce.training_settings("program", args), "src")
+    assert "pettingllms.program.source_sha256" in reason
+    monkeypatch.chdir(tmp_path)  # the shipped recipe's program path is relative to the repository root
+    with pytest.raises(reproduce.ReproduceError, match=r"examples/agents/plan_path_langgraph.py is not found from .*repository root"):
+        reproduce.training_settings("program", reproduce.parse_args(["--methods", "program"]))
 
 
 def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_in_for(tmp_path, monkeypatch, capsys):

@@ -70,7 +70,7 @@ class PuzzleAgent(BaseChatAgent):
         pass
 
 
-async def team(task: dict) -> dict[str, float]:
+async def team(task: dict) -> dict:
     puzzle = PlanPathEnv(**task["env_kwargs"])
     puzzle.reset(task["seed"], task["task"])
     earned: dict[str, list[float]] = {agent: [] for agent in AGENTS}

@@ -76,7 +76,8 @@ TINY = ("sa", "mas", "mas_by_problem", "per_role")  # `make reproduce`; `make re
 SWAPPED = ("per_role", "real")  # the methods with a policy per role, also evaluated with the two swapped
 
 
-MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "ppo", "real")  # the methods that play the whole team
+# the methods whose whole team the environment plays ("program" plays it as a program: its "before" is its own)
+MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "ppo", "real")
 # the held-out splits, in report order: the development test split (read when the task and the training
 # length were chosen: docs/reproduction.md) and the confirmation split (frozen before the final run, read for nothing else)
 SPLITS = ("test", "confirm")
@@ -246,8 +247,12 @@ NOT_SETTINGS = ("trainer.total_training_steps", "trainer.test_freq", "trainer.sa
                 "ray_kwargs", "global_profiler", "pettingllms.paths")
 
 
+PROGRAM_SOURCE = "pettingllms.program.source_sha256"  # in flat_config: a team program's own files, outside the package
+
+
 def flat_config(recipe: str, overrides: list[str], recipes_dir: Path) -> dict:
-    """``recipe`` composed with ``overrides`` as dotted key -> value, as it reads back from JSON."""
+    """``recipe`` composed with ``overrides`` as dotted key -> value, as it reads back from JSON; for a
+    team program, ``PROGRAM_SOURCE`` too (``program_source``): its weights and scores depend on that code."""
     cfg = OmegaConf.to_container(runs.compose(recipe, overrides, recipes_dir), enum_to_str=True)
 
     def flat(node: dict, prefix: str = ""):
@@ -257,7 +262,30 @@ def flat_config(recipe: str, overrides: list[str], recipes_dir: Path) -> dict:
             else:
                 yield f"{prefix}{key}", value
 
-    return json.loads(json.dumps(dict(flat(cfg))))
+    flat_cfg = json.loads(json.dumps(dict(flat(cfg))))
+    files = program_files(flat_cfg.get("pettingllms.program.target"), flat_cfg.get("pettingllms.program.command"))
+    if files:
+        flat_cfg[PROGRAM_SOURCE] = program_source(files, recipe)
+    return flat_cfg
+
+
+def program_files(target: str | None, command: list | None) -> list[str]:
+    """The files of a team program, as its recipe names them: a ``file.py:function`` target's file, and
+    a command's arguments that end in ``.py`` (a module target is the package's or installed code)."""
+    found = [target.rpartition(":")[0]] if target and target.rpartition(":")[0].endswith(".py") else []
+    return found + [str(arg) for arg in (command or [])[1:] if str(arg).endswith(".py")]
+
+
+def program_source(files: list[str], recipe: str) -> str:
+    """sha256 of a program's ``files``, read from here (where main_ppo starts and reads them)."""
+    digest = hashlib.sha256()
+    for name in files:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ReproduceError(f"{recipe}: its team program {name} is not found from {Path.cwd()}: "
+                                 "run from the folder its path is relative to (the repository root for the shipped examples)")
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def training_settings(method: str, args: argparse.Namespace) -> dict:

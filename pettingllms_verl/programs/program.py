@@ -4,7 +4,8 @@ A program runs in a process of its own (a new session, so its whole process grou
 ``python -m pettingllms_verl.programs.runner module:function`` for a function, or the recipe's
 command. Its environment carries ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (the run's gateway
 session) and ``PETTINGLLMS_TASK_FILE`` (the path of the task as JSON). Its reward is the last line it prints, as
-JSON: a number (the team reward) or an object of agent name -> reward.
+JSON: a number (the team reward), an object of agent name -> reward, or either as
+``{"reward": ..., "success": true|false}`` when the program says itself whether the episode was solved.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def outcome(value: Any, agents: Sequence[str], success_at: float) -> Outcome:
     Forms: a number (the team reward); an object of agent -> number (each agent's reward); or
     ``{"reward": <either>, "success": <bool>}``, where the program says whether the episode was solved
     instead of ``success_at`` deciding it from the reward (no agent's reward is a bool, so the forms are apart)."""
-    if isinstance(value, dict) and set(value) == {"reward", "success"} and isinstance(value["success"], bool):
+    if isinstance(value, dict) and set(value) == {"reward", "success"} and not {"reward", "success"} & set(agents):
+        if not isinstance(value["success"], bool):
+            raise ProgramFailed("program_error", f"the reward's \"success\" must be true or false, got {str(value['success'])[:50]!r}")
         return replace(_rewarded(value["reward"], agents, success_at), success=value["success"])
     return _rewarded(value, agents, success_at)
 
