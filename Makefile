@@ -75,11 +75,12 @@ data: $(ARTIFACTS)/data/quickstart/train.parquet  ## make the quickstart's data
 $(ARTIFACTS)/tiny_model_%/config.json: | $(INSTALLED)
 	$(PY) -m pettingllms_verl.models.tiny --out $(ARTIFACTS)/tiny_model_$* --warm-start $*
 
-# The tiny vision-language model (Qwen2-VL architecture, random weights) of the vision recipes.
-$(ARTIFACTS)/tiny_vl_model/config.json: | $(INSTALLED)
-	$(PY) -m pettingllms_verl.models.tiny_vl --out $(ARTIFACTS)/tiny_vl_model
+# The tiny vision-language model (Qwen2-VL architecture) warm-started on one env's replies, images
+# and text grids alike (make model-vl: the vision recipes'). Its processor needs torchvision.
+$(ARTIFACTS)/tiny_vl_model_%/config.json: | $(INSTALLED)
+	$(PY) -m pettingllms_verl.models.tiny_vl --out $(ARTIFACTS)/tiny_vl_model_$* --warm-start $*
 
-model-vl: $(ARTIFACTS)/tiny_vl_model/config.json  ## the tiny vision-language model the vision recipes start from
+model-vl: $(ARTIFACTS)/tiny_vl_model_plan_path/config.json  ## the tiny vision-language model warm-started on Plan-Path replies (the vision recipes')
 model-math: $(ARTIFACTS)/tiny_model_math/config.json
 model-code: $(ARTIFACTS)/tiny_model_code/config.json
 

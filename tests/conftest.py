@@ -52,26 +52,28 @@ def tiny_vl_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory, worker_id):
-    """(env name, folder) -> the folder, holding a copy of the tiny model warm-started on that env
-    (seed 0). Each model is trained once per test run, shared by the xdist workers under a file
-    lock: the code warm start alone takes ~3.5 min on 2 cores, and three test files use them."""
+    """(env name, folder, vision=False) -> the folder, holding a copy of the tiny model (with
+    ``vision``, the tiny vision-language model: models/tiny_vl.py) warm-started on that env (seed 0).
+    Each model is trained once per test run, shared by the xdist workers under a file lock: the code
+    warm start alone takes ~3.5 min on 2 cores, and three test files use them."""
     import shutil
 
     from filelock import FileLock
 
-    from pettingllms_verl.models.tiny import build, warm_start
+    from pettingllms_verl.models import tiny, tiny_vl
 
     run_dir = tmp_path_factory.getbasetemp()
     if worker_id != "master":
         run_dir = run_dir.parent  # the run's folder, above each worker's own
 
-    def copy(env: str, dest):
-        done = run_dir / f"warm_tiny_model_{env}"
+    def copy(env: str, dest, vision: bool = False):
+        done = run_dir / f"warm_tiny_{'vl_' if vision else ''}model_{env}"
         with FileLock(f"{done}.lock"):
             if not done.exists():
-                partial = run_dir / f"warm_tiny_model_{env}.partial"  # renamed once whole: a crash leaves no half model
+                partial = done.with_name(done.name + ".partial")  # renamed once whole: a crash leaves no half model
                 shutil.rmtree(partial, ignore_errors=True)
-                warm_start(build(str(partial), seed=0), env, seed=0)
+                kind = tiny_vl if vision else tiny
+                kind.warm_start(kind.build(str(partial), seed=0), env, seed=0)
                 partial.rename(done)
         shutil.copytree(done, dest)
         return dest

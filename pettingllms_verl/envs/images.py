@@ -41,6 +41,23 @@ def message_images(messages: Sequence[Mapping[str, Any]]) -> list:
             for part in message["content"] if part.get("type") == IMAGE]
 
 
+def chat_inputs(tokenizer, processor, messages: Sequence[Mapping[str, Any]], tools: list[dict] | None = None,
+                **template_kwargs: Any) -> dict[str, Any]:
+    """A chat as the model reads it, its generation prompt added: ``input_ids`` (a list), and for a
+    chat with images the processor's ``pixel_values`` and ``image_grid_thw``, each image's token
+    expanded to the tokens its vision tower fills (a text chat goes through the tokenizer's template)."""
+    images = message_images(messages)
+    if not images:
+        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                            **template_kwargs)
+        return {"input_ids": list(ids)}
+    if processor is None:
+        raise ValueError("a prompt with images, and the model has no processor (a text-only model)")
+    text = processor.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs)
+    inputs = processor(text=[text], images=images, return_tensors="pt")
+    return {"input_ids": inputs["input_ids"][0].tolist(), **{key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}}
+
+
 PNG_DATA_URI = "data:image/png;base64,"
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import sys
+from typing import Sequence
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
@@ -158,48 +159,58 @@ WARM_REPLIES = {
 WARM_STEPS = {"plan_path": 150, "math": 400, "code": 1000}
 
 
-def warm_start(out_dir: str, env_name: str, seed: int = 0, steps: int | None = None, batch_size: int = 8, lr: float = 3e-3) -> None:
+def warm_start(out_dir: str, env_name: str, seed: int = 0, steps: int | None = None, batch_size: int = 8, lr: float = 3e-3,
+               image_roles: Sequence[str] = ()) -> None:
     """Supervised fine-tuning of the model in ``out_dir`` (in place) on ``WARM_REPLIES[env_name]``,
-    for ``steps`` optimiser steps (default ``WARM_STEPS[env_name]``)."""
+    for ``steps`` optimiser steps (default ``WARM_STEPS[env_name]``). ``image_roles``: for a
+    vision-language model (models/tiny_vl.py), the roles shown the state as an image in every other
+    pair of episodes (the env option ``image_roles``), so that the model answers in format whether
+    its prompt holds the image or the text grid."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
     from pettingllms_verl import envs
+    from pettingllms_verl.envs.images import chat_inputs
 
     if env_name not in WARM_REPLIES:
         raise ValueError(f"--warm-start: no reply format for {env_name!r}; known: {sorted(WARM_REPLIES)}")
     steps = steps or WARM_STEPS[env_name]
-    tokenizer = AutoTokenizer.from_pretrained(out_dir)
-    model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
+    processor = AutoProcessor.from_pretrained(out_dir) if image_roles else None
+    tokenizer = processor.tokenizer if processor else AutoTokenizer.from_pretrained(out_dir)
+    model = (AutoModelForImageTextToText if image_roles else AutoModelForCausalLM).from_pretrained(out_dir, dtype=torch.float32)
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    env = envs.make(env_name)
     replies = WARM_REPLIES[env_name]
-    examples = []  # (prompt ids, reply maker)
+    examples = []  # (the prompt's model inputs, reply maker)
     for episode in range(64):
         # SA and MAS episodes played out with the warm replies themselves, so that later prompts
         # carry the other roles' replies and results, as they do in a real episode
+        env = envs.make(env_name, **({"image_roles": list(image_roles)} if episode // 2 % 2 else {}))
         workflow = env.workflow(("sa", "mas")[episode % 2])
         env.reset(seed=10_000_000 + seed * 1000 + episode)  # outside every data_prep split's seed range
         for _ in range(workflow.max_turns):
             for role in workflow.turn_order:
                 if env.done:
                     break
-                prompt = tokenizer.apply_chat_template(env.observation(role), add_generation_prompt=True, tokenize=True, return_dict=False)
-                examples.append((list(prompt), replies[role]))
+                examples.append((chat_inputs(tokenizer, processor, env.observation(role)), replies[role]))
                 env.step(role, replies[role](rng))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):
-        rows = []
-        for prompt, reply in rng.sample(examples, batch_size):
-            target = tokenizer.encode(reply(rng)) + [tokenizer.eos_token_id]
+        rows, images = [], []
+        for inputs, reply in rng.sample(examples, batch_size):
+            prompt, target = inputs["input_ids"], tokenizer.encode(reply(rng)) + [tokenizer.eos_token_id]
             rows.append((prompt + target, [-100] * len(prompt) + target))
+            images += [inputs] if "pixel_values" in inputs else []
         width = max(len(ids) for ids, _ in rows)
         input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in rows])
         labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
         attention_mask = (torch.arange(width)[None, :] < torch.tensor([len(ids) for ids, _ in rows])[:, None]).long()
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        # the batch's images in row order: the vision tower fills the image tokens in that order
+        pixels = {key: torch.cat([inputs[key] for inputs in images]) for key in ("pixel_values", "image_grid_thw")} if images else {}
+        if images:  # which positions are image tokens: multimodal RoPE reads it (1 an image's, 0 text)
+            pixels["mm_token_type_ids"] = (input_ids == model.config.image_token_id).long()
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **pixels).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

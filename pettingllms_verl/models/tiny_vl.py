@@ -7,6 +7,11 @@ tokenizer plus Qwen2-VL's vision tokens, a ChatML template that renders image pa
 as ``<|vision_start|><|image_pad|><|vision_end|>``, and Qwen2-VL's image processor bounded to one
 pixel count, so that a drawn (square) grid always becomes the same few image tokens. Same seed, same files;
 nothing is downloaded.
+
+``--warm-start plan_path`` then fine-tunes it on well-formed replies (models/tiny.py), every role
+shown the grid as an image in half the episodes and as text in the others: random weights never write
+a parseable reply, so a vision run from them has no reward signal; the warm model answers in format
+whatever its prompt holds, and which answers score is left to RL.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import json
 import os
 import sys
 
-from pettingllms_verl.models.tiny import DEFAULT_CONFIG, build_tokenizer
+from pettingllms_verl import envs
+from pettingllms_verl.models import tiny
+from pettingllms_verl.models.tiny import DEFAULT_CONFIG, WARM_REPLIES, build_tokenizer
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # ChatML, where a message's content may be a list of parts ({"type": "image"} or {"type": "text", "text": ...})
@@ -90,13 +97,24 @@ def build(out_dir: str, seed: int = 0, vocab_size: int = 1024) -> str:
     return out_dir
 
 
+def warm_start(out_dir: str, env_name: str, seed: int = 0) -> None:
+    """``tiny.warm_start`` of the model in ``out_dir`` with every role of ``env_name`` shown the
+    state as an image in half the episodes: it answers in format whichever roles a recipe shows images."""
+    tiny.warm_start(out_dir, env_name, seed=seed, image_roles=envs.env_class(env_name).roles)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="directory to write the model and processor to")
     parser.add_argument("--seed", type=int, default=0, help="seed of tokenizer corpus and weights")
     parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size (incl. 256 bytes)")
+    drawn = [name for name in WARM_REPLIES if "image_roles" in envs.env_class(name).options]  # the environments that draw their state
+    parser.add_argument("--warm-start", metavar="ENV", choices=drawn,
+                        help=f"then fine-tune on well-formed replies of ENV ({', '.join(drawn)}), every role shown the state as an image in half the episodes")
     args = parser.parse_args(argv)
     build(args.out, seed=args.seed, vocab_size=args.vocab_size)
+    if args.warm_start:
+        warm_start(args.out, args.warm_start, seed=args.seed)
     print(f"tiny vision-language model written to {args.out}", file=sys.stderr)
 
 

@@ -28,7 +28,7 @@ from pettingllms_verl.programs.gateway import ChatRequest, gateway
 from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
-from pettingllms_verl.envs.images import data_uri, message_images
+from pettingllms_verl.envs.images import chat_inputs, data_uri
 from pettingllms_verl.rollout.episode import EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
 from pettingllms_verl.rollout.faults import TRACEBACK_CHARS
 from pettingllms_verl.targets import load_target
@@ -76,17 +76,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         )
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
-        images = message_images(messages)
-        if images:  # the processor's template, each image's token expanded to the tokens it becomes
-            if self.processor is None:
-                raise ValueError("pettingllms_episode: a prompt with images, and the model has no processor (a text-only model)")
-            text = self.processor.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
-                                                      **self.apply_chat_template_kwargs)
-            ids = self.processor(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
-        else:
-            ids = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **self.apply_chat_template_kwargs
-            )
+        ids = chat_inputs(self.tokenizer, self.processor, messages, tools, **self.apply_chat_template_kwargs)["input_ids"]
         if len(ids) > self.prompt_length:
             raise PromptTooLong(
                 f"pettingllms_episode: a {len(ids)}-token prompt exceeds data.max_prompt_length="

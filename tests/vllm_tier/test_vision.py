@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from pettingllms_verl import envs
 from pettingllms_verl.backends.hf.engine import HFGenerationEngine, SamplingSpec
-from pettingllms_verl.envs.images import message_images
+from pettingllms_verl.envs.images import chat_inputs, message_images
 from pettingllms_verl.models.tiny_vl import image_tokens
 from pettingllms_verl.preflight import ConfigError, check
 
@@ -40,10 +40,8 @@ def plan_prompt(processor, seed: int):
     env = envs.make("plan_path", size=6, image_roles=["plan"])
     env.reset(seed=seed)
     messages = env.observation("plan")
-    images = message_images(messages)
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    inputs = processor(text=[text], images=images, return_tensors="pt")
-    return inputs["input_ids"][0].tolist(), images, {key: inputs[key] for key in ("pixel_values", "image_grid_thw")}
+    inputs = chat_inputs(processor.tokenizer, processor, messages)
+    return inputs["input_ids"], message_images(messages), {key: inputs[key] for key in ("pixel_values", "image_grid_thw")}
 
 
 def forward_log_probs(model, prompt, media, response):
@@ -52,6 +50,30 @@ def forward_log_probs(model, prompt, media, response):
     with torch.no_grad():
         logits = model(input_ids=ids, mm_token_type_ids=(ids == model.config.image_token_id).long(), **media).logits[0]
     return torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def test_the_warm_started_model_answers_the_image_prompt_in_format_and_the_random_one_does_not(warm_model, tmp_path, processor, model):
+    """``tiny_vl --warm-start plan_path`` (the vision recipes' model): sampled at temperature 1, the plan
+    agent's replies to its prompt with the grid drawn are moves the env reads; from random weights, none is."""
+    from transformers import AutoModelForImageTextToText
+
+    warm = AutoModelForImageTextToText.from_pretrained(warm_model("plan_path", tmp_path / "warm", vision=True), dtype=torch.float32).eval()
+    env = envs.make("plan_path", size=6)
+    env.reset(seed=0)  # the parser reads the env's move cap
+
+    def readable(policy) -> int:
+        torch.manual_seed(0)
+        count = 0
+        for seed in range(8):
+            prompt, _, media = plan_prompt(processor, seed)
+            ids = torch.tensor([prompt])
+            out = policy.generate(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=(ids == policy.config.image_token_id).long(),
+                                  **media, do_sample=True, temperature=1.0, max_new_tokens=24)
+            count += env.parse_actions(processor.tokenizer.decode(out[0, len(prompt):], skip_special_tokens=True)) is not None
+        return count
+
+    random, warmed = readable(model), readable(warm)
+    assert random == 0 and warmed >= 6, (random, warmed)
 
 
 def test_a_drawn_grid_becomes_the_processors_image_tokens_and_the_image_changes_the_model(processor, model):
