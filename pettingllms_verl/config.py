@@ -157,6 +157,7 @@ class ProgramConfig:
     success_at: float = key("an episode counts as solved when its team reward (or the mean of its agents' rewards) reaches this, unless the program returns its own success", 1.0)
     time_limit_s: float = key("wall time a program run may take; past it its processes are killed and the episode is lost (program_timeout)", 300.0)
     max_calls: int = key("most model calls one program run may make (all agents together); one more loses the episode (program_call_limit)", 64)
+    max_parallel_runs: int = key("program runs alive at once per rollout worker (each a process, ~30 MB and up); the others wait their turn before their time limit starts", 64)
     host: str = key("the interface the gateway listens on (loopback unless you need the program elsewhere)", "127.0.0.1")
     max_request_bytes: int = key("largest request body the gateway accepts", 4 * 1024 * 1024)
 
@@ -267,8 +268,9 @@ class PettingLLMsConfig:
             raise SettingsError(f"{SECTION}.program.command: a program is a target or a command, not both; drop one")
         if self.program.enabled and not self.roles:
             raise SettingsError(f"{SECTION}.roles: a program's agents are the roles its calls name in `model`; list them (e.g. {SECTION}.roles.planner.policy=...)")
-        if self.program.time_limit_s <= 0 or self.program.max_calls < 1:
-            raise SettingsError(f"{SECTION}.program.time_limit_s: {self.program.time_limit_s} s and max_calls {self.program.max_calls}; both must be positive")
+        for name in ("time_limit_s", "max_calls", "max_parallel_runs"):
+            if getattr(self.program, name) <= 0:
+                raise SettingsError(f"{SECTION}.program.{name}: {getattr(self.program, name)}; must be positive")
         if not 0.0 <= self.trainer.fault_budget <= 1.0:
             raise SettingsError(f"{SECTION}.trainer.fault_budget: {self.trainer.fault_budget}; a share of episodes, in [0, 1]")
         table = self.policy_table()

@@ -109,3 +109,18 @@ async def concurrent_agents(task, client):
 
     writer, checker = await asyncio.gather(agent("writer"), agent("checker"))
     return {"writer": float(writer.count("1")), "checker": float(checker.count("2"))}
+
+
+async def alive_together(task, client):
+    """One call, then counts the runs alive beside it (a marker file per run in the task's ``dir``)
+    and appends the count to ``dir/counts``."""
+    folder = task["task"]["dir"]
+    marker = os.path.join(folder, f"alive-{os.getpid()}")
+    open(marker, "w").close()
+    await client.openai().chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}])
+    await asyncio.sleep(0.5)
+    alive = sum(name.startswith("alive-") for name in os.listdir(folder))
+    with open(os.path.join(folder, "counts"), "a") as f:
+        f.write(f"{alive}\n")
+    os.remove(marker)
+    return 1.0

@@ -120,6 +120,28 @@ def test_a_program_config_is_checked_before_anything_runs():
     assert load({"program": {"command": ["prog"]}, "roles": {"a": {}}}).program.enabled
 
 
+def test_no_more_runs_are_alive_at_once_than_the_slots_allow(tmp_path):
+    """Six episodes played at once (as an evaluation plays its batch) with max_parallel_runs=2: the
+    others wait for a slot, so no run ever sees more than two alive, and every episode is played."""
+    config = program("alive_together", max_parallel_runs=2)
+
+    async def main():
+        door = Gateway()
+        await door.start()
+        try:
+            return await asyncio.gather(*(play_program(config, {"env": "t", "seed": seed, "task": {"dir": str(tmp_path)}}, AGENTS, 1, 1.0,
+                                                       door, render, Model()) for seed in range(6)))
+        finally:
+            await door.stop()
+
+    episodes = asyncio.run(main())
+    assert all(episode.success for episode in episodes), [(episode.end_cause, episode.error) for episode in episodes]
+    counts = [int(line) for line in (tmp_path / "counts").read_text().split()]
+    assert len(counts) == 6 and max(counts) <= 2, counts
+    with pytest.raises(SettingsError, match="pettingllms.program.max_parallel_runs: 0; must be positive"):
+        load({"program": {"target": "x:y", "max_parallel_runs": 0}, "roles": {"a": {}}})
+
+
 # --- the HTTP door ------------------------------------------------------------------------------
 
 def test_the_gateway_answers_its_session_only_and_forgets_it_when_closed():

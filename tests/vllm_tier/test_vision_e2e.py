@@ -5,9 +5,16 @@ weights it trains reach the servers after every step."""
 
 import pytest
 
-from vllm_runs import STEPS, train
+from vllm_runs import PROB_GAP, STEPS, train
 
 pytestmark = pytest.mark.slow
+
+
+def scored_as_sampled(data: dict, prefix: str = "") -> bool:
+    """The actor's probabilities of the sampled tokens are the rollout's: on average within PROB_GAP (a
+    step the rollout missed moves them by the update, orders of more), each token within 10 x PROB_GAP
+    (the warm model's near-certain tokens carry fp32 kernel differences of ~1e-5 in probability)."""
+    return data[f"{prefix}training/rollout_probs_diff_mean"] < PROB_GAP and data[f"{prefix}training/rollout_probs_diff_max"] < 10 * PROB_GAP
 
 
 def rewarded(rows: list[dict], role: str) -> bool:
@@ -35,7 +42,7 @@ def test_one_shared_vision_language_policy_trains_on_rows_with_images(artifacts)
     for step, data in enumerate(metrics, start=1):
         # every row (half of them with an image) scored by the actor as the rollout sampled it, from the weights
         # of this step: synced into the server after each update
-        assert data["training/rollout_probs_diff_max"] < 1e-5, (step, data["training/rollout_probs_diff_max"])
+        assert scored_as_sampled(data), (step, data["training/rollout_probs_diff_mean"], data["training/rollout_probs_diff_max"])
         assert data["actor/grad_norm"] > 0
     assert {row["mas_role"]: row["mas_images"] for row in rows} == {"plan": 1, "tool": 0}
     assert all(row["mas_images"] == (row["mas_role"] == "plan") for row in rows)
@@ -54,7 +61,7 @@ def test_a_policy_that_sees_beside_a_text_only_one_each_synced_and_scored_as_sam
     metrics, rows, _ = train(artifacts, "plan_path_mas_full_vision_cpu", "trainer.save_freq=-1")
     for step, data in enumerate(metrics, start=1):
         for policy in ("plan_policy", "tool_policy"):
-            assert data[f"policy/{policy}/training/rollout_probs_diff_max"] < 1e-5, (step, policy)
+            assert scored_as_sampled(data, f"policy/{policy}/"), (step, policy)
             assert data[f"policy/{policy}/actor/grad_norm"] > 0, (step, policy)
     assert {(row["mas_role"], row["mas_policy"], row["mas_images"]) for row in rows} == {("plan", "plan_policy", 1), ("tool", "tool_policy", 0)}
     assert rewarded(rows, "plan") and rewarded(rows, "tool")
@@ -65,7 +72,7 @@ def test_an_adapter_per_role_on_the_vision_language_base(artifacts):
     metrics, rows, _ = train(artifacts, "plan_path_mas_lora_vision_cpu", "trainer.save_freq=-1")
     for step, data in enumerate(metrics, start=1):
         for adapter in ("plan_adapter", "tool_adapter"):
-            assert data[f"policy/{adapter}/training/rollout_probs_diff_max"] < 1e-5, (step, adapter)
+            assert scored_as_sampled(data, f"policy/{adapter}/"), (step, adapter)
     assert any(data["policy/plan_adapter/actor/grad_norm"] > 0 for data in metrics)
     assert {(row["mas_role"], row["mas_served_by"][0], row["mas_images"]) for row in rows} == {("plan", "plan_adapter", 1), ("tool", "tool_adapter", 0)}
     assert rewarded(rows, "plan")
@@ -78,7 +85,7 @@ def test_vllm_serves_the_image_prompts_and_samples_what_the_trainer_scores(artif
     metrics, rows, _ = train(artifacts, "plan_path_mas_atgrpo_vision_vllm_cpu", "trainer.save_freq=-1")
     assert len(metrics) == STEPS
     for step, data in enumerate(metrics, start=1):
-        assert data["training/rollout_probs_diff_max"] < 1e-5, (step, data["training/rollout_probs_diff_max"])
+        assert scored_as_sampled(data), (step, data["training/rollout_probs_diff_mean"], data["training/rollout_probs_diff_max"])
         assert data["training/off_policy/trajectory_staleness/max"] == 0, step
     assert all(row["mas_images"] == (row["mas_role"] == "plan") for row in rows) and any(row["mas_images"] for row in rows)
     assert rewarded(rows, "plan")
