@@ -87,7 +87,8 @@ async def latency(calls: int) -> dict:
 async def throughput(episodes: int, calls: int) -> dict:
     door = Gateway()
     await door.start()
-    config = ProgramConfig(target=f"{HERE}:timed_calls", time_limit_s=1800, max_calls=calls + 1)
+    # all of them alive at once (a rollout worker lets program.max_parallel_runs, 64 by default, run together)
+    config = ProgramConfig(target=f"{HERE}:timed_calls", time_limit_s=1800, max_calls=calls + 1, max_parallel_runs=episodes)
     start = time.perf_counter()
     played = await asyncio.gather(*(
         play_program(config, {"env": "bench", "seed": i, "task": {"calls": calls}}, AGENTS, 1, 1.0, door, render, model) for i in range(episodes)

@@ -10,11 +10,13 @@ from vllm_runs import PROB_GAP, STEPS, train
 pytestmark = pytest.mark.slow
 
 
-def scored_as_sampled(data: dict, prefix: str = "") -> bool:
-    """The actor's probabilities of the sampled tokens are the rollout's: on average within PROB_GAP (a
-    step the rollout missed moves them by the update, orders of more), each token within 10 x PROB_GAP
-    (the warm model's near-certain tokens carry fp32 kernel differences of ~1e-5 in probability)."""
-    return data[f"{prefix}training/rollout_probs_diff_mean"] < PROB_GAP and data[f"{prefix}training/rollout_probs_diff_max"] < 10 * PROB_GAP
+def scored_as_sampled(data: dict, prefix: str = "", slack: float = 1.0) -> bool:
+    """The actor's probabilities of the sampled tokens are the rollout's: on average within
+    ``slack`` x PROB_GAP, each token within 10 x that (the warm model's near-certain tokens carry fp32
+    kernel differences of ~1e-5 in probability). A step the rollout missed shows the update instead:
+    at these steps' policy KL (0.01-0.4) a mean gap of ~1e-2, orders of magnitude above either bound."""
+    return (data[f"{prefix}training/rollout_probs_diff_mean"] < slack * PROB_GAP
+            and data[f"{prefix}training/rollout_probs_diff_max"] < 10 * slack * PROB_GAP)
 
 
 def rewarded(rows: list[dict], role: str) -> bool:
@@ -85,7 +87,10 @@ def test_vllm_serves_the_image_prompts_and_samples_what_the_trainer_scores(artif
     metrics, rows, _ = train(artifacts, "plan_path_mas_atgrpo_vision_vllm_cpu", "trainer.save_freq=-1")
     assert len(metrics) == STEPS
     for step, data in enumerate(metrics, start=1):
-        assert scored_as_sampled(data), (step, data["training/rollout_probs_diff_mean"], data["training/rollout_probs_diff_max"])
+        # Qwen2-VL in vLLM's CPU build: after the first sync the gap is ~5e-6 on average (max ~1.5e-4),
+        # the same with no image in any prompt and with the vision tower frozen (benchmarks/RESULTS.md,
+        # "vLLM on CPU"); the text model stays within PROB_GAP
+        assert scored_as_sampled(data, slack=10), (step, data["training/rollout_probs_diff_mean"], data["training/rollout_probs_diff_max"])
         assert data["training/off_policy/trajectory_staleness/max"] == 0, step
     assert all(row["mas_images"] == (row["mas_role"] == "plan") for row in rows) and any(row["mas_images"] for row in rows)
     assert rewarded(rows, "plan")
