@@ -21,7 +21,7 @@ _from_working_directory: str | None = None  # the folder use_working_directory c
 # model's env name as its target spells it, model-plan-path, a data set's as its recipe file, data-plan_path_6x6)
 TARGETS = [
     (r"tiny_model/", "make model"),
-    (r"tiny_vl_model/", "make model-vl"),
+    (r"tiny_vl_model_plan_path/", "make model-vl"),
     (r"tiny_model_plan_path_(?:team|demos)/", "make model-plan-path-demos"),
     (r"tiny_model_(\w+)/", "make model-{0}"),
     (r"smollm2_135m_\w+_adapter/", "make real-warm-start"),

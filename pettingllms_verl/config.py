@@ -157,7 +157,7 @@ class ProgramConfig:
     success_at: float = key("an episode counts as solved when its team reward (or the mean of its agents' rewards) reaches this, unless the program returns its own success", 1.0)
     time_limit_s: float = key("wall time a program run may take; past it its processes are killed and the episode is lost (program_timeout)", 300.0)
     max_calls: int = key("most model calls one program run may make (all agents together); one more loses the episode (program_call_limit)", 64)
-    max_parallel_runs: int = key("program runs alive at once per rollout worker (each a process, ~30 MB and up); the others wait their turn before their time limit starts", 64)
+    max_parallel_runs: int = key("program runs alive at once per rollout worker (agent.num_workers of them: the machine's bound is the product); each run is a process, ~30 MB and up; the others wait their turn before their time limit starts", 64)
     host: str = key("the interface the gateway listens on (loopback unless you need the program elsewhere)", "127.0.0.1")
     max_request_bytes: int = key("largest request body the gateway accepts", 4 * 1024 * 1024)
 

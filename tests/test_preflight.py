@@ -147,7 +147,7 @@ def test_each_artifact_names_the_make_target_that_builds_it(monkeypatch, tmp_pat
 
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path))
     cases = {"tiny_model": "make model", "tiny_model_plan_path": "make model-plan-path", "tiny_model_math": "make model-math",
-             "tiny_model_plan_path_team": "make model-plan-path-demos", "smollm2_135m": "make real-model",
+             "tiny_model_plan_path_team": "make model-plan-path-demos", "tiny_vl_model_plan_path": "make model-vl", "smollm2_135m": "make real-model",
              "smollm2_135m_tool_adapter": "make real-warm-start", "data/quickstart/train.parquet": "make data",
              "data/sokoban_6x6/val.parquet": "make data-sokoban_6x6", "checkpoints/x": None}
     assert {path: artifacts.make_target(str(tmp_path / path)) for path in cases} == cases

@@ -16,7 +16,7 @@ import pytest
 
 from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, play_program
 from pettingllms_verl.programs.gateway import Gateway, GatewayError, parse_request
-from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome
+from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_slot
 from pettingllms_verl.config import ProgramConfig, SettingsError, load
 from pettingllms_verl.rollout.episode import ERRORS, PromptTooLong
 
@@ -118,6 +118,8 @@ def test_a_program_config_is_checked_before_anything_runs():
     with pytest.raises(SettingsError, match="pettingllms.program.command: .*not both"):
         load({"program": {"target": "x:y", "command": ["prog"]}, "roles": {"a": {}}})
     assert load({"program": {"command": ["prog"]}, "roles": {"a": {}}}).program.enabled
+    with pytest.raises(SettingsError, match="pettingllms.program.max_parallel_runs: 0; must be positive"):
+        load({"program": {"target": "x:y", "max_parallel_runs": 0}, "roles": {"a": {}}})
 
 
 def test_no_more_runs_are_alive_at_once_than_the_slots_allow(tmp_path):
@@ -138,8 +140,27 @@ def test_no_more_runs_are_alive_at_once_than_the_slots_allow(tmp_path):
     assert all(episode.success for episode in episodes), [(episode.end_cause, episode.error) for episode in episodes]
     counts = [int(line) for line in (tmp_path / "counts").read_text().split()]
     assert len(counts) == 6 and max(counts) <= 2, counts
-    with pytest.raises(SettingsError, match="pettingllms.program.max_parallel_runs: 0; must be positive"):
-        load({"program": {"target": "x:y", "max_parallel_runs": 0}, "roles": {"a": {}}})
+
+
+def test_a_run_waits_for_a_slot_and_its_time_limit_starts_when_it_gets_one(tmp_path):
+    """The only slot held for 6 s, longer than the run's 5 s limit: the run waits, then plays whole."""
+    config = program("alive_together", max_parallel_runs=1, time_limit_s=5)
+
+    async def main():
+        door = Gateway()
+        await door.start()
+        try:
+            async with run_slot(1):
+                episode = asyncio.ensure_future(play_program(config, {"env": "t", "seed": 0, "task": {"dir": str(tmp_path)}}, AGENTS, 1, 1.0,
+                                                             door, render, Model()))
+                await asyncio.sleep(6)
+                assert not (tmp_path / "counts").exists()  # not started while the slot was held
+            return await episode
+        finally:
+            await door.stop()
+
+    episode = asyncio.run(main())
+    assert episode.success and episode.end_cause is None, (episode.end_cause, episode.error)
 
 
 # --- the HTTP door ------------------------------------------------------------------------------

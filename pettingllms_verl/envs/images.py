@@ -44,8 +44,9 @@ def message_images(messages: Sequence[Mapping[str, Any]]) -> list:
 def chat_inputs(tokenizer, processor, messages: Sequence[Mapping[str, Any]], tools: list[dict] | None = None,
                 **template_kwargs: Any) -> dict[str, Any]:
     """A chat as the model reads it, its generation prompt added: ``input_ids`` (a list), and for a
-    chat with images the processor's ``pixel_values`` and ``image_grid_thw``, each image's token
-    expanded to the tokens its vision tower fills (a text chat goes through the tokenizer's template)."""
+    chat with images the processor's other outputs (``pixel_values``, ``image_grid_thw``, and for
+    Qwen2-VL ``mm_token_type_ids``), each image's token expanded to the tokens its vision tower fills
+    (a text chat goes through the tokenizer's template)."""
     images = message_images(messages)
     if not images:
         ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False,

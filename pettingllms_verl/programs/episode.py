@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from pettingllms_verl.programs.gateway import ChatRequest, Gateway, GatewayError, completion
-from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_program
+from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_program, run_slot
 from pettingllms_verl.config import ProgramConfig
 from pettingllms_verl.rollout.episode import ERRORS, EngineDead, Episode, PromptTooLong, Sample, best_branch
 from pettingllms_verl.targets import load_target
@@ -153,28 +153,29 @@ class Finished:
 
 async def _run_once(config: ProgramConfig, task: dict, agents: tuple[str, ...], door: Gateway, render: Render,
                     sample: SampleReply, prefix: dict[tuple[str, int], Call]) -> Finished:
-    run = Run(agents, config.max_calls, render, sample, prefix)
-    base_url, token = door.open(agents, run)
-    started = time.perf_counter()
-    try:
-        value = await run_program(config, task, base_url, token)
-        if config.reward:
-            transcript = [{"agent": c.agent, "n": c.n, "messages": c.request.messages, "reply": c.reply.message} for c in run.calls]
-            value = load_target(config.reward)(task=task, transcript=transcript, output=value)
-        result = outcome(value, agents, config.success_at)
-        fault = run.fault
-        if fault is None and not run.calls:
-            fault = ("program_no_call", ProgramFailed("program_no_call", "the program made no model call"))
-    except ProgramFailed as error:
-        result, fault = None, run.fault or (error.cause, error)  # the engine's fault first: it is why the program failed
-    except Exception as error:  # the user's reward function
-        result, fault = None, run.fault or ("program_error", error)
-    finally:
-        run.closed = True
-        door.close(token)  # from here its token is unknown: a late call is answered 404, recorded nowhere
-    if fault is not None and fault[0] in ERRORS:
-        result = None
-    return Finished(run, result, fault, time.perf_counter() - started)
+    async with run_slot(config.max_parallel_runs):  # the wait for a slot is neither the run's time limit nor its time
+        run = Run(agents, config.max_calls, render, sample, prefix)
+        base_url, token = door.open(agents, run)
+        started = time.perf_counter()
+        try:
+            value = await run_program(config, task, base_url, token)
+            if config.reward:
+                transcript = [{"agent": c.agent, "n": c.n, "messages": c.request.messages, "reply": c.reply.message} for c in run.calls]
+                value = load_target(config.reward)(task=task, transcript=transcript, output=value)
+            result = outcome(value, agents, config.success_at)
+            fault = run.fault
+            if fault is None and not run.calls:
+                fault = ("program_no_call", ProgramFailed("program_no_call", "the program made no model call"))
+        except ProgramFailed as error:
+            result, fault = None, run.fault or (error.cause, error)  # the engine's fault first: it is why the program failed
+        except Exception as error:  # the user's reward function
+            result, fault = None, run.fault or ("program_error", error)
+        finally:
+            run.closed = True
+            door.close(token)  # from here its token is unknown: a late call is answered 404, recorded nowhere
+        if fault is not None and fault[0] in ERRORS:
+            result = None
+        return Finished(run, result, fault, time.perf_counter() - started)
 
 
 def _sample(call: Call, node: str, branch: int, reward: float, outcome_: Outcome, alpha: float) -> Sample:

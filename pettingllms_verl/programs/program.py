@@ -7,9 +7,9 @@ session) and ``PETTINGLLMS_TASK_FILE`` (the path of the task as JSON). Its rewar
 JSON: a number (the team reward), an object of agent name -> reward, or either as
 ``{"reward": ..., "success": true|false}`` when the program says itself whether the episode was solved.
 
-At most ``program.max_parallel_runs`` runs of a rollout process are alive at once; the others wait
-for a slot before they start (and before their time limit starts): an evaluation plays every
-episode of its batch at once, and a thousand live program processes exhaust a machine's memory.
+At most ``program.max_parallel_runs`` runs of a rollout worker are alive at once (``run_slot``, taken
+by ``episode.py`` around a run): an evaluation plays every episode of its batch at once, and a
+thousand live program processes exhaust a machine's memory.
 """
 
 from __future__ import annotations
@@ -91,15 +91,16 @@ def command(config: ProgramConfig) -> list[str]:
 
 
 _servers: dict[tuple[str, str | None], ForkServer] = {}
-_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
 
 
-def _run_slots(limit: int) -> asyncio.Semaphore:
-    """The running event loop's slots for program runs (one loop per rollout worker)."""
-    loop = asyncio.get_running_loop()
-    if loop not in _slots:
-        _slots[loop] = asyncio.Semaphore(limit)
-    return _slots[loop]
+def run_slot(limit: int) -> asyncio.Semaphore:
+    """The running event loop's ``limit`` slots for program runs (one loop per rollout worker):
+    ``async with run_slot(limit):`` around a run."""
+    slots = _slots.setdefault(asyncio.get_running_loop(), {})
+    if limit not in slots:
+        slots[limit] = asyncio.Semaphore(limit)
+    return slots[limit]
 
 
 async def _tail(reader: asyncio.StreamReader) -> bytes:
@@ -167,13 +168,7 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
     not fork-safe) is started afresh. Raises ``ProgramFailed``: program_timeout past
     ``time_limit_s``, program_error for a non-zero exit (a forked run that raised prints a last
     line that is no reward) or no JSON last line. When the program exits, or at its time limit,
-    its process group is killed: a child it left behind goes with it. It waits for one of the
-    process's ``max_parallel_runs`` slots first."""
-    async with _run_slots(config.max_parallel_runs):
-        return await _run(config, task, base_url, api_key)
-
-
-async def _run(config: ProgramConfig, task: dict, base_url: str, api_key: str) -> Any:
+    its process group is killed: a child it left behind goes with it."""
     with tempfile.NamedTemporaryFile("w", prefix="pettingllms-task-", suffix=".json") as task_file:
         json.dump(task, task_file)  # a file, not the environment: a code problem's tests can outgrow a variable
         task_file.flush()
