@@ -185,7 +185,7 @@ def warm_start(out_dir: str, env_name: str, seed: int = 0, steps: int | None = N
     for episode in range(64):
         # SA and MAS episodes played out with the warm replies themselves, so that later prompts
         # carry the other roles' replies and results, as they do in a real episode
-        env = envs.make(env_name, **({"image_roles": list(image_roles)} if episode // 2 % 2 else {}))
+        env = envs.make(env_name, **({"image_roles": list(image_roles)} if image_roles and episode // 2 % 2 else {}))
         workflow = env.workflow(("sa", "mas")[episode % 2])
         env.reset(seed=10_000_000 + seed * 1000 + episode)  # outside every data_prep split's seed range
         for _ in range(workflow.max_turns):
