@@ -413,10 +413,14 @@ def _modules(model_path: Any) -> dict[str, Any] | None:
 MAS_MANAGER = "pettingllms_verl.rollout.worker.MASAgentLoopManager"
 
 
-def _vllm_installed() -> bool:
+def _installed(package: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("vllm") is not None
+    return importlib.util.find_spec(package) is not None
+
+
+def _vllm_installed() -> bool:
+    return _installed("vllm")
 
 
 def _vllm_distribution() -> str | None:
@@ -605,6 +609,7 @@ def _check_agreement(config: DictConfig) -> None:
         _check_one_temperature(config, mas, views)
     _check_vllm(config, views)
     _check_megatron(config, views)
+    _check_attention(config, views)
 
 
 def _check_megatron(config: DictConfig, views: list[tuple[str | None, DictConfig]]) -> None:
@@ -624,6 +629,35 @@ def _check_megatron(config: DictConfig, views: list[tuple[str | None, DictConfig
             grouper = _where(config, group, "actor.use_prefix_grouper")
             raise ConfigError(grouper, "the shared-prefix forward is part of this package's FSDP engine "
                               "(trainer/shared_prefix.py); verl's Megatron engine has none", f"set {grouper}=false, or {strategy}=fsdp2")
+
+
+# transformers' attention implementations that need a package of their own, and that package
+FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+
+
+def _check_attention(config: DictConfig, views: list[tuple[str | None, DictConfig]]) -> None:
+    """verl's FSDP model loader asks transformers for ``flash_attention_2`` unless
+    ``model.override_config.attn_implementation`` names another; without the flash-attn package
+    every worker fails to load its model after Ray has started. Checked on the driver's Python,
+    which is every worker's on one machine."""
+
+    def refuse_without_package(key: str, implementation: str) -> None:
+        package = FLASH_PACKAGES.get(implementation)
+        if package is None or _installed(package):
+            return
+        padding = key.replace("override_config.attn_implementation", "use_remove_padding")
+        raise ConfigError(key, f"{implementation}{' (verl default)' if _select(config, key) is None else ''}, "
+                          f"and the {package} package is not installed here",
+                          f"install a build of it for your torch and CUDA (pip install flash-attn --no-build-isolation), "
+                          f"or set {key}=sdpa and {padding}=false (recipes/base/cpu_tiny.yaml does)")
+
+    for group, view in views:
+        if _select(view, "actor_rollout_ref.actor.strategy") in ("fsdp", "fsdp2"):  # Megatron builds its own attention
+            implementation = _select(view, "actor_rollout_ref.model.override_config.attn_implementation") or "flash_attention_2"
+            refuse_without_package(_where(config, group, "model.override_config.attn_implementation"), implementation)
+    if _select(config, "critic.enable") and _select(config, "critic.strategy") in ("fsdp", "fsdp2"):
+        implementation = _select(config, "critic.model.override_config.attn_implementation") or "flash_attention_2"
+        refuse_without_package("critic.model.override_config.attn_implementation", implementation)
 
 
 def _tokenizer_vocab(path: str) -> dict | None:

@@ -230,6 +230,7 @@ def two_adapters(tmp_path, rows, model, tool="tool_adapter", **overrides):
         "data.train_files": rows,
         "actor_rollout_ref.model.path": model,
         "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",  # as the CPU recipes: no flash-attn here
         f"pettingllms.policies.{tool}.adapter.rank": 8,
         "pettingllms.policies.plan_adapter.adapter.target_modules": "[q_proj,v_proj]",
         "pettingllms.policies.plan_adapter.trainable": "false",
@@ -490,6 +491,28 @@ def test_megatron_runs_one_shared_policy_and_full_models_per_role_and_refuses_wh
     with pytest.raises(ConfigError, match="several adapters on one base need FSDP2") as error:
         check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **gpu))
     assert error.value.key == "actor_rollout_ref.actor.strategy"
+
+
+def test_flash_attention_without_its_package_is_refused_naming_the_key(tmp_path, plan_path_rows, monkeypatch):
+    """verl's FSDP loader asks for flash_attention_2 unless the model's override_config names another:
+    without flash-attn (never on CPU) that is refused before Ray, for the run's model, a policy's own
+    and the critic; sdpa, or the package installed, passes."""
+    fsdp = {"data.train_files": plan_path_rows, "actor_rollout_ref.actor.strategy": "fsdp2"}
+    with pytest.raises(ConfigError, match=r"flash_attention_2 \(verl default\), and the flash_attn package is not installed") as error:
+        check(mas_config(tmp_path, **fsdp))
+    assert error.value.key == "actor_rollout_ref.model.override_config.attn_implementation"
+    assert "actor_rollout_ref.model.use_remove_padding=false" in str(error.value)
+    sdpa = {**fsdp, "actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
+    check(mas_config(tmp_path, **sdpa))
+    with pytest.raises(ConfigError) as error:
+        check(two_policies(tmp_path, plan_path_rows, **sdpa, **{"pettingllms.policies.b.overrides.model.override_config.attn_implementation": "flash_attention_2"}))
+    assert error.value.key == "pettingllms.policies.b.overrides.model.override_config.attn_implementation"
+    critic = {**sdpa, "algorithm.adv_estimator": "gae", "critic.enable": "true", "critic.strategy": "fsdp2"}
+    with pytest.raises(ConfigError) as error:
+        check(mas_config(tmp_path, **critic))
+    assert error.value.key == "critic.model.override_config.attn_implementation"
+    monkeypatch.setattr("pettingllms_verl.preflight._installed", lambda package: True)
+    check(mas_config(tmp_path, **fsdp))
 
 
 def team_program(tmp_path, rows, **overrides):
