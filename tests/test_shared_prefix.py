@@ -18,6 +18,7 @@ from pettingllms_verl.trainer.shared_prefix import (  # noqa: E402
     partition,
     prompt_lengths,
     ranks_of_groups,
+    read_positions,
     split_to,
 )
 
@@ -127,6 +128,12 @@ def test_pack_puts_groups_back_to_back_and_no_group_sees_another():
     assert packed.tokens == 7
 
 
+def test_the_positions_read_are_each_rows_last_prompt_token_and_its_reply_but_the_last():
+    # rows of 5 (prompt 3) and 4 (prompt 2) tokens, and one with an empty reply
+    offsets, prompt_lens = torch.tensor([0, 5, 9, 11]), torch.tensor([3, 2, 2])
+    assert read_positions(offsets, prompt_lens).tolist() == [2, 3, 6, 7]
+
+
 # ------------------------------------------------------------------ verl's engine, plain vs shared
 
 
@@ -167,6 +174,20 @@ def _weighted_loss(model_output, data, dp_group=None):
     return value, {}
 
 
+def assert_same_where_read(shared, plain, data):
+    """The reply positions (what verl's losses and log-probs read, ``no_padding_2_padding``) agree
+    within 1e-5; the shared forward left others, a prompt's predictions of itself, at zero (a
+    micro-batch of singletons runs verl's plain forward: it computes them)."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    mask = data["response_mask"].bool()
+    torch.testing.assert_close(no_padding_2_padding(shared, data)[mask], no_padding_2_padding(plain, data)[mask], atol=1e-5, rtol=0)
+    read = read_positions(data["input_ids"].offsets(), prompt_lengths(data))
+    unread = torch.ones(shared.values().shape[0], dtype=torch.bool)
+    unread[read] = False
+    assert (shared.values()[unread] == 0).any() and plain.values()[unread].all()
+
+
 def _run(engine, data, share: bool, loss=None):
     engine.share_prefix = share
     engine.optimizer_zero_grad()
@@ -190,12 +211,11 @@ def test_shared_forward_equals_verl_plain_forward(engine, budget):
 
     plain_out, _ = _run(engine, _batch(prompts, replies, **budget), share=False)
     shared_out, _ = _run(engine, _batch(prompts, replies, **budget), share=True)
+    data = _batch(prompts, replies, **budget)
     for key in ("log_probs", "entropy"):
         a, b = plain_out["model_output"][key], shared_out["model_output"][key]
         assert [t.shape for t in a.unbind()] == [t.shape for t in b.unbind()]
-        # a row's last log-prob scores the next row's first token in verl's packing: no meaning, no loss
-        a, b = (torch.cat([t[:-1] for t in x.unbind()]) for x in (a, b))
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+        assert_same_where_read(b, a, data)
     frac = shared_out["metrics"]["shared_prefix/token_frac"][0]
     assert frac < 0.75  # the groups' prompts were processed once
 
@@ -205,6 +225,19 @@ def test_shared_forward_equals_verl_plain_forward(engine, budget):
     for name, grad in plain_grads.items():
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=0, msg=lambda m: f"{name}: {m}")
     assert any(g.abs().sum() > 0 for g in plain_grads.values())
+
+
+def test_a_model_without_logits_to_keep_gets_its_head_on_every_position_and_the_same_numbers(engine):
+    budget = dict(use_dynamic_bsz=False, micro_batch_size_per_gpu=6, use_remove_padding=True)
+    prompts, replies = _case(engine.module.config.vocab_size)
+    assert engine._takes_logits_to_keep()  # the tiny model's forward: the test above ran the head on the read positions
+    plain_out, _ = _run(engine, _batch(prompts, replies, **budget), share=False)
+    engine._logits_to_keep = False
+    try:
+        shared_out, _ = _run(engine, _batch(prompts, replies, **budget), share=True)
+    finally:
+        del engine._logits_to_keep
+    assert_same_where_read(shared_out["model_output"]["log_probs"], plain_out["model_output"]["log_probs"], _batch(prompts, replies, **budget))
 
 
 def test_a_batch_of_singletons_is_verl_plain_forward(engine):
@@ -251,8 +284,7 @@ def test_lora_adapters_share_the_base_forward_with_the_same_numbers(tiny_model_d
     prompts, replies = _case(engine.module.config.vocab_size)
     plain_out, _ = _run(engine, _batch(prompts, replies), share=False)
     shared_out, _ = _run(engine, _batch(prompts, replies), share=True)
-    a, b = (torch.cat([t[:-1] for t in out["model_output"]["log_probs"].unbind()]) for out in (plain_out, shared_out))
-    torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+    assert_same_where_read(shared_out["model_output"]["log_probs"], plain_out["model_output"]["log_probs"], _batch(prompts, replies))
     _, plain_grads = _run(engine, _batch(prompts, replies), share=False, loss=_weighted_loss)
     _, shared_grads = _run(engine, _batch(prompts, replies), share=True, loss=_weighted_loss)
     assert plain_grads.keys() == shared_grads.keys()

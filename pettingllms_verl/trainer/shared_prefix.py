@@ -4,11 +4,13 @@ An AT-GRPO group is K replies to one identical prompt, and in multi-turn episode
 most of each row. verl's engine feeds every row whole; here the rows of a micro-batch whose prompts
 are token-for-token identical become one sequence ``[prompt, reply_1, ..., reply_K]`` whose
 attention mask lets each reply see the prompt and itself only, with each reply's own position ids
-(the groups of a micro-batch back to back in one row, none seeing another). The logits are then
-gathered back into verl's packed per-row layout, so everything after the forward
-(temperature, log-probs, entropy, the loss, the gradient flowing into the one prompt pass) is
-verl's own code on the same numbers. Groups are found by comparing tokens, never from tags: rows
-with different prompts are never merged, a singleton is just a row.
+(the groups of a micro-batch back to back in one row, none seeing another). The LM head runs only
+where a reply token is predicted (``logits_to_keep``), and verl's own code (temperature, log-probs,
+entropy) runs on those positions of each row, gathered from its group's sequence; the results go
+back into verl's packed per-row layout, zeros where nothing reads them (a prompt's predictions of
+itself), so the loss and the gradient flowing into the one prompt pass are verl's on the same
+numbers. Groups are found by comparing tokens, never from tags: rows with different prompts are
+never merged, a singleton is just a row.
 
 verl's micro-batching balances rows by length and would split a group, so while sharing is on the
 engine partitions each mini-batch itself, at group boundaries, within ``max_token_len_per_gpu``
@@ -22,7 +24,7 @@ sdpa/eager), the engine logs why once and runs verl's plain path, on every data-
 The attention mask is dense (tokens x tokens per micro-batch): fine on CPU and for short
 micro-batches; on GPUs the flash-attention recipes keep the plain path.
 
-- pure functions: ``prompt_lengths``, ``identical_prompt_groups``, ``partition``, ``pack``;
+- pure functions: ``prompt_lengths``, ``identical_prompt_groups``, ``partition``, ``pack``, ``read_positions``;
 - ``SharedPrefixFSDPEngine``: verl's ``FSDPEngineWithLMHead`` using them (on CPU it also builds a
   forward-only model, the KL reference, without the pinned memory verl asks for);
 - ``SharedPrefixTrainingWorker`` / ``SharedPrefixActorRolloutRefWorker``: verl's workers on it.
@@ -31,6 +33,7 @@ micro-batches; on GPUs the flash-attention recipes keep the plain path.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from dataclasses import dataclass
 
@@ -167,6 +170,15 @@ class Packed:
     def tokens(self) -> int:
         """Positions the forward runs."""
         return self.input_ids.shape[1]
+
+
+def read_positions(offsets: torch.Tensor, prompt_lens: torch.Tensor) -> torch.Tensor:
+    """(sum of reply lengths,) the positions of verl's packed per-row layout (row i at
+    ``offsets[i]:offsets[i + 1]``) whose outputs a loss reads: each row's last prompt token and its
+    reply but the last token, which predict the reply (``no_padding_2_padding``). The others (the
+    prompt's predictions of itself) come out as zeros."""
+    starts = (offsets[:-1] + prompt_lens - 1).tolist()
+    return torch.cat([torch.arange(start, end) for start, end in zip(starts, (offsets[1:] - 1).tolist())]).to(offsets.device)
 
 
 def pack(input_ids: torch.Tensor, position_ids: torch.Tensor, prompt_lens: torch.Tensor, groups: list[list[int]]) -> Packed:
@@ -333,16 +345,44 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         if self.module.config._attn_implementation == "eager":  # eager attention adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
         model_inputs = {"input_ids": packed.input_ids, "attention_mask": mask, "position_ids": packed.position_ids}
-        output_args["shared_prefix"] = (packed.index, packed_view)
+        read = read_positions(input_ids.offsets(), prompt_lens)
+        heads, at = torch.unique(packed.index[read], return_inverse=True)
+        if self._takes_logits_to_keep():  # the LM head only where a read log-prob is predicted
+            model_inputs["logits_to_keep"] = heads
+        else:
+            at = heads[at]
+        output_args["shared_prefix"] = (at, read, packed_view)
         return model_inputs, output_args
+
+    def _takes_logits_to_keep(self) -> bool:
+        if "_logits_to_keep" not in self.__dict__:
+            model = self.module.get_base_model() if hasattr(self.module, "get_base_model") else self.module  # peft's
+            self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        return self._logits_to_keep
 
     def prepare_model_outputs(self, output, output_args, micro_batch: TensorDict, logits_processor_func):
         shared = output_args.pop("shared_prefix", None)
-        if shared is not None:
-            # each row's logits from its group's sequence, in verl's packed layout: the prompt's computed once
-            index, micro_batch = shared
-            output.logits = output.logits[:, index]
-        return super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+        if shared is None:
+            return super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+        # verl's log-probs, entropy, ... on the positions a loss reads (``read_positions``), each from
+        # its group's sequence (the prompt's computed once), then back in verl's packed layout
+        at, read, micro_batch = shared
+        output.logits = output.logits[:, at]
+        output_args["input_ids_rmpad_rolled"] = output_args["input_ids_rmpad_rolled"][read]
+        output_args["temperature_rmpad"] = output_args["temperature_rmpad"][read]
+        full_offsets = micro_batch["input_ids"].offsets()
+        responses = full_offsets.diff() - prompt_lengths(micro_batch)
+        reduced = micro_batch.copy()
+        reduced["input_ids"] = torch.nested.nested_tensor_from_jagged(
+            micro_batch["input_ids"].values()[read], torch.nn.functional.pad(responses.cumsum(0), (1, 0)))
+        model_output = super().prepare_model_outputs(output, output_args, reduced, logits_processor_func)
+        total = int(full_offsets[-1])
+        for key, value in model_output.items():
+            if isinstance(value, torch.Tensor) and value.is_nested:
+                flat = value.values()
+                model_output[key] = torch.nested.nested_tensor_from_jagged(
+                    flat.new_zeros((total, *flat.shape[1:])).index_put((read,), flat), full_offsets)
+        return model_output
 
 
 def _with_row_temperatures(micro_batch: TensorDict) -> TensorDict:
