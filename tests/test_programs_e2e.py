@@ -3,7 +3,7 @@ rollout's servers and trained with AT-GRPO: the example Plan-Path team with the 
 client (``examples/agents/plan_path_openai.py``, an agent per policy), evaluated as the OpenAI Agents
 SDK version of the same team (``plan_path_agents_sdk.py``); the LangGraph math team (a solver and a
 verifier, ``math_solver_verifier.py``) on one shared policy; the AutoGen AgentChat team
-(``plan_path_autogen.py``) as a command in an environment of its own, on one shared policy."""
+(``plan_path_autogen.py``) as a command in an environment of its own, a LoRA adapter per agent."""
 
 import html
 import json
@@ -106,22 +106,25 @@ def test_a_langgraph_math_program_on_one_shared_policy_with_independent_runs(art
     assert max(len(g) for g in groups.values()) == 2  # the two runs of a problem meet in their calls' groups
 
 
-def test_an_autogen_team_in_its_own_environment_trains_one_shared_policy_with_tree_sampling_by_replay(artifacts):
-    """L0: the AutoGen AgentChat team, a command run by .venv-autogen's Python (AutoGen pins protobuf 5,
-    verl's stack needs 6), each run a process of its own; K = 2 branches per call, each a replay of
-    the command with the chosen prefix's replies served from the cache."""
+def test_an_autogen_team_in_its_own_environment_trains_an_adapter_per_agent_with_tree_sampling_by_replay(artifacts):
+    """L1: the AutoGen AgentChat team, a command run by .venv-autogen's Python (AutoGen pins protobuf 5,
+    verl's stack needs 6), each run a process of its own, each agent's calls served and trained by
+    its own LoRA adapter on one base; K = 2 branches per call, each a replay of the command with the
+    chosen prefix's replies served from the cache."""
     dump = artifacts / "autogen_batches"
     metrics = run_recipe(
         artifacts, "plan_path_program_cpu", "~pettingllms.program.target",
         f"+pettingllms.program.command=[{','.join(map(os.path.abspath, example_program('plan_path_autogen').command))}]",
-        "~pettingllms.policies", "~pettingllms.roles.tool.policy", "~pettingllms.roles.plan.policy",  # none listed: one policy, shared
-        "trainer.total_training_steps=1", "trainer.experiment_name=autogen_l0", f"pettingllms.paths.batch_dump_dir={dump}",
+        "+pettingllms.policies.tool_policy.adapter.rank=8", "+pettingllms.policies.plan_policy.adapter.rank=8",
+        "trainer.total_training_steps=1", "trainer.experiment_name=autogen_l1", f"pettingllms.paths.batch_dump_dir={dump}",
     )
     data = metrics[0]["data"]
-    assert data["policy/shared/rows"] > 0 and data["mas/program/replayed_calls"] > 0 and data["mas/program/replay_diverged"] == 0
-    assert data["mas/episode_errors"] == 0 and data["training/rollout_probs_diff_mean"] < 1e-5
+    assert data["mas/program/replayed_calls"] > 0 and data["mas/program/replay_diverged"] == 0 and data["mas/episode_errors"] == 0
+    for policy in ("tool_policy", "plan_policy"):
+        assert data[f"policy/{policy}/rows"] > 0 and f"policy/{policy}/actor/grad_norm" in data
+        assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
     rows = dumped_rows(dump)
-    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {("tool", ("shared",)), ("plan", ("shared",))}
+    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {("tool", ("tool_policy",)), ("plan", ("plan_policy",))}
     groups = defaultdict(list)
     for row in rows:
         groups[row["mas_group"]].append(row)
