@@ -1,7 +1,7 @@
 """Team programs trained through ``main_ppo``, their calls served through the gateway by the
-rollout's servers and trained with AT-GRPO: the example Plan-Path team with the bare ``openai``
-client (``examples/agents/plan_path_openai.py``, an agent per policy), evaluated as the OpenAI Agents
-SDK version of the same team (``plan_path_agents_sdk.py``); the LangGraph math team (a solver and a
+rollout's servers and trained with AT-GRPO: the example Plan-Path team with the OpenAI Agents SDK
+(``examples/agents/plan_path_agents_sdk.py``, an agent per policy), evaluated as the bare ``openai``
+client's version of the same team (``plan_path_openai.py``); the LangGraph math team (a solver and a
 verifier, ``math_solver_verifier.py``) on one shared policy; the AutoGen AgentChat team
 (``plan_path_autogen.py``) as a command in an environment of its own, a LoRA adapter per agent."""
 
@@ -26,16 +26,13 @@ def program(example: str) -> str:
     return f"pettingllms.program.target={os.path.abspath(os.path.join(EXAMPLES, example))}.py:team"
 
 
-PROGRAM = program("plan_path_openai")
-
-
 def test_a_program_trains_a_full_model_and_an_adapter_with_tree_sampling_by_replay(artifacts):
     """L2 + L1 in one run: the tool agent a full model of its own, the planner a LoRA adapter on the
     base; K = 2 branches per call, replayed. Each agent's calls reach its own policy, each tree node
     is a group of K replies to one prompt, and both policies are updated."""
     dump = artifacts / "program_batches"
     metrics = run_recipe(
-        artifacts, "plan_path_program_cpu", PROGRAM, "trainer.total_training_steps=1", "+pettingllms.policies.plan_policy.adapter.rank=8",
+        artifacts, "plan_path_program_cpu", program("plan_path_agents_sdk"), "trainer.total_training_steps=1", "+pettingllms.policies.plan_policy.adapter.rank=8",
         f"pettingllms.paths.batch_dump_dir={dump}",
     )
     data = metrics[0]["data"]
@@ -54,13 +51,13 @@ def test_a_program_trains_a_full_model_and_an_adapter_with_tree_sampling_by_repl
         assert len({(row["mas_role"], row["mas_turn"], row["mas_node"]) for row in group}) == 1
         assert sum(row["mas_chosen"] for row in group) == 1
 
-    # pettingllms-eval plays the trained team, written with the Agents SDK, as trained and with the two
-    # policies swapped; the viewer shows its calls per agent
+    # pettingllms-eval plays the trained team, written with the bare openai client, as trained and with
+    # the two policies swapped; the viewer shows its calls per agent
     out = artifacts / "program_eval"
     checkpoints = artifacts / "checkpoints" / "plan_path_program_cpu"
     result = launch.run(
         [sys.executable, "-m", "pettingllms_verl.eval", f"team=plan_path_program_cpu@{checkpoints}", "--select", "latest",
-         "--split", "val", "--episodes", "2", "--out", str(out), "--recipes", RECIPES, "--set", program("plan_path_agents_sdk"),
+         "--split", "val", "--episodes", "2", "--out", str(out), "--recipes", RECIPES, "--set", program("plan_path_openai"),
          "--set", "+pettingllms.policies.plan_policy.adapter.rank=8"],
         timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
     )
