@@ -20,8 +20,8 @@ def _log_probs(engine, prompts, replies, share: bool, temperatures=None, tempera
         data[ROW_TEMPERATURE] = torch.tensor(temperatures, dtype=torch.float32)
     engine.share_prefix = share
     output = engine.forward_backward_batch(data, loss_function=None, forward_only=True)
-    # a row's last log-prob scores the next row's first token in verl's packing: no meaning
-    return [t[:-1] for t in output["model_output"]["log_probs"].unbind()]
+    # each reply token's log-prob, as verl's losses read them: from the position before it
+    return [t[-len(reply) - 1:-1] for t, reply in zip(output["model_output"]["log_probs"].unbind(), replies)]
 
 
 @pytest.mark.parametrize("share", [False, True], ids=["plain", "shared-prefix"])
