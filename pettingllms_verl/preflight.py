@@ -655,7 +655,9 @@ def _check_attention(config: DictConfig, views: list[tuple[str | None, DictConfi
         if _select(view, "actor_rollout_ref.actor.strategy") in ("fsdp", "fsdp2"):  # Megatron builds its own attention
             implementation = _select(view, "actor_rollout_ref.model.override_config.attn_implementation") or "flash_attention_2"
             refuse_without_package(_where(config, group, "model.override_config.attn_implementation"), implementation)
-    if _select(config, "critic.enable") and _select(config, "critic.strategy") in ("fsdp", "fsdp2"):
+    critic = _select(config, "critic.enable")
+    critic = _select(config, "algorithm.adv_estimator") == "gae" if critic is None else bool(critic)  # verl's need_critic
+    if critic and _select(config, "critic.strategy") in ("fsdp", "fsdp2"):
         implementation = _select(config, "critic.model.override_config.attn_implementation") or "flash_attention_2"
         refuse_without_package("critic.model.override_config.attn_implementation", implementation)
 

@@ -507,10 +507,11 @@ def test_flash_attention_without_its_package_is_refused_naming_the_key(tmp_path,
     with pytest.raises(ConfigError) as error:
         check(two_policies(tmp_path, plan_path_rows, **sdpa, **{"pettingllms.policies.b.overrides.model.override_config.attn_implementation": "flash_attention_2"}))
     assert error.value.key == "pettingllms.policies.b.overrides.model.override_config.attn_implementation"
-    critic = {**sdpa, "algorithm.adv_estimator": "gae", "critic.enable": "true", "critic.strategy": "fsdp2"}
-    with pytest.raises(ConfigError) as error:
-        check(mas_config(tmp_path, **critic))
-    assert error.value.key == "critic.model.override_config.attn_implementation"
+    for enable in ("true", None):  # None: verl builds a critic for gae
+        critic = {**sdpa, "algorithm.adv_estimator": "gae", "critic.strategy": "fsdp2", **({"critic.enable": enable} if enable else {})}
+        with pytest.raises(ConfigError) as error:
+            check(mas_config(tmp_path, **critic))
+        assert error.value.key == "critic.model.override_config.attn_implementation"
     monkeypatch.setattr("pettingllms_verl.preflight._installed", lambda package: True)
     check(mas_config(tmp_path, **fsdp))
 
