@@ -502,6 +502,12 @@ TEAM_ESTIMATORS = ("at_grpo", "grpo", "rloo", "reinforce_plus_plus", "gae")
 GROUPLESS = ("at_grpo", "gae")  # no group spans two policies: at_grpo keys its groups by role, gae has none
 
 
+def _needs_critic(config: DictConfig) -> bool:
+    """verl's ``need_critic``: ``critic.enable`` where set, else whether the estimator is gae."""
+    enable = _select(config, "critic.enable")
+    return _select(config, "algorithm.adv_estimator") == "gae" if enable is None else bool(enable)
+
+
 def _check_team_estimator(config: DictConfig) -> None:
     """An estimator the mas_sync trainer cannot train with, refused with the reason."""
     from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load
@@ -511,8 +517,7 @@ def _check_team_estimator(config: DictConfig) -> None:
     if estimator not in TEAM_ESTIMATORS:
         raise ConfigError(key, f"{estimator!r} with the mas_sync trainer: it has not been run on per-turn team rows "
                           "(some need fields or generations these rows do not have)", f"use one of {TEAM_ESTIMATORS}")
-    critic = _select(config, "critic.enable")
-    critic = estimator == "gae" if critic is None else bool(critic)  # verl's need_critic
+    critic = _needs_critic(config)
     if critic and estimator != "gae":
         raise ConfigError("critic.enable", f"a critic with {estimator!r}: no advantage would read its values",
                           "set algorithm.adv_estimator=gae, or critic.enable=false")
@@ -655,9 +660,7 @@ def _check_attention(config: DictConfig, views: list[tuple[str | None, DictConfi
         if _select(view, "actor_rollout_ref.actor.strategy") in ("fsdp", "fsdp2"):  # Megatron builds its own attention
             implementation = _select(view, "actor_rollout_ref.model.override_config.attn_implementation") or "flash_attention_2"
             refuse_without_package(_where(config, group, "model.override_config.attn_implementation"), implementation)
-    critic = _select(config, "critic.enable")
-    critic = _select(config, "algorithm.adv_estimator") == "gae" if critic is None else bool(critic)  # verl's need_critic
-    if critic and _select(config, "critic.strategy") in ("fsdp", "fsdp2"):
+    if _needs_critic(config) and _select(config, "critic.strategy") in ("fsdp", "fsdp2"):
         implementation = _select(config, "critic.model.override_config.attn_implementation") or "flash_attention_2"
         refuse_without_package("critic.model.override_config.attn_implementation", implementation)
 
