@@ -643,8 +643,12 @@ FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash
 def _check_attention(config: DictConfig, views: list[tuple[str | None, DictConfig]]) -> None:
     """verl's FSDP model loader asks transformers for ``flash_attention_2`` unless
     ``model.override_config.attn_implementation`` names another; without the flash-attn package
-    every worker fails to load its model after Ray has started. Checked on the driver's Python,
-    which is every worker's on one machine."""
+    every worker fails to load its model after Ray has started. Checked on the driver's Python, so
+    only where that is every worker's (one machine, no cluster joined), and on CUDA or CPU: NPUs and
+    XPUs bring their own kernels, as does the ``kernels`` package (transformers' hub kernels)."""
+    if (_joins_cluster(config) or int(_select(config, "trainer.nnodes") or 1) > 1
+            or _select(config, "trainer.device") not in (None, "cuda", "cpu") or _installed("kernels")):
+        return
 
     def refuse_without_package(key: str, implementation: str) -> None:
         package = FLASH_PACKAGES.get(implementation)

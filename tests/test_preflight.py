@@ -512,6 +512,7 @@ def test_flash_attention_without_its_package_is_refused_naming_the_key(tmp_path,
         with pytest.raises(ConfigError) as error:
             check(mas_config(tmp_path, **critic))
         assert error.value.key == "critic.model.override_config.attn_implementation"
+    check(mas_config(tmp_path, **fsdp, **{"trainer.device": "npu"}))  # torch_npu's flash attention: no package to check
     monkeypatch.setattr("pettingllms_verl.preflight._installed", lambda package: True)
     check(mas_config(tmp_path, **fsdp))
 

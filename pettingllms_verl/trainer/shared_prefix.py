@@ -18,8 +18,8 @@ tokens (dynamic batching) or the tokens ``micro_batch_size_per_gpu`` of the long
 (each prompt counted once; a group over the budget is cut into parts that each share their prompt).
 
 Switched by verl's ``actor_rollout_ref.actor.use_prefix_grouper`` (verl's own key for this; its V1
-engine ignores it). Where the shared forward cannot run (Ulysses SP, fused kernels, static
-padding, multi-modal rows, sliding-window attention, an attention implementation other than
+engine ignores it). Where the shared forward cannot run (Ulysses SP, fused kernels, top-k
+distillation, static padding, multi-modal rows, sliding-window attention, an attention implementation other than
 sdpa/eager), the engine logs why once and runs verl's plain path, on every data-parallel rank.
 The attention mask is dense (tokens x tokens per micro-batch): fine on CPU and for short
 micro-batches; on GPUs the flash-attention recipes keep the plain path.
@@ -249,6 +249,8 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
         attention = getattr(config, "_attn_implementation", None)
         if self.use_ulysses_sp:
             return "Ulysses sequence parallelism splits the packed sequence"
+        if tu.get_non_tensor_data(data=data, key="distillation_use_topk", default=False):
+            return "top-k distillation reads the teacher's tensors at every position of every row"
         if tu.get_non_tensor_data(data=data, key="use_fused_kernels", default=False):
             return "fused kernels do not return the logits the shared forward gathers"
         if self.pad_to_length:
@@ -356,7 +358,8 @@ class SharedPrefixFSDPEngine(FSDPEngineWithLMHead):
 
     def _takes_logits_to_keep(self) -> bool:
         if "_logits_to_keep" not in self.__dict__:
-            model = self.module.get_base_model() if hasattr(self.module, "get_base_model") else self.module  # peft's
+            model = getattr(self.module, "_fsdp_wrapped_module", self.module)  # FSDP1 wraps; FSDP2 keeps the class
+            model = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's
             self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         return self._logits_to_keep
 
