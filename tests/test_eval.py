@@ -320,3 +320,18 @@ def test_an_evaluation_of_a_gae_recipe_builds_no_critic(env):
         played.trainer.val_only = False
     with pytest.raises(ConfigError, match="false with gae"):
         _check_team_estimator(played)
+
+
+@pytest.mark.parametrize("policies, method", [
+    ({}, "shared policy"),
+    ({"tool_policy": {}, "plan_policy": {}}, "per-role policies, full models"),
+    ({"tool_policy": {"adapter": {"rank": 8}}, "plan_policy": {"adapter": {"rank": 8}}}, "per-role policies, LoRA"),
+    ({"tool_policy": {}, "plan_policy": {"adapter": {"rank": 8}}}, "per-role policies, mixed"),
+])
+@pytest.mark.parametrize("program", [None, "team.py:team"])
+def test_the_table_names_a_team_by_its_policies_and_a_program_as_a_program(policies, method, program):
+    from omegaconf import OmegaConf
+
+    roles = {"tool": {"policy": "tool_policy"}, "plan": {"policy": "plan_policy"}} if policies else {"tool": {}, "plan": {}}
+    cfg = OmegaConf.create({"pettingllms": {"roles": roles, "policies": policies, "program": {"target": program}}})
+    assert runs.method_of(cfg) == f"{'program' if program else 'MAS'} ({method})"

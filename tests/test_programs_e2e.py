@@ -1,9 +1,10 @@
 """Team programs trained through ``main_ppo``, their calls served through the gateway by the
-rollout's servers and trained with AT-GRPO: the example Plan-Path team with the OpenAI Agents SDK
-(``examples/agents/plan_path_agents_sdk.py``, an agent per policy), evaluated as the bare ``openai``
-client's version of the same team (``plan_path_openai.py``); the LangGraph math team (a solver and a
-verifier, ``math_solver_verifier.py``) on one shared policy; the AutoGen AgentChat team
-(``plan_path_autogen.py``) as a command in an environment of its own, a LoRA adapter per agent."""
+rollout's servers and trained with AT-GRPO, at each policy level (L0 one shared policy, L1 a LoRA
+adapter per agent, L2 a model per agent): the four Plan-Path examples (the bare ``openai`` client,
+LangGraph, the OpenAI Agents SDK, AutoGen AgentChat as a command in an environment of its own) in
+one launch per level, each playing one of the step's problems (``plan_path_frameworks.py``); the L2
+checkpoint evaluated as the bare ``openai`` client's team; and the LangGraph math team (a solver and
+a verifier, ``math_solver_verifier.py``) at each level."""
 
 import html
 import json
@@ -14,11 +15,14 @@ from collections import Counter, defaultdict
 import pytest
 
 import launch
+import plan_path_frameworks
 
-from test_programs import EXAMPLES, example_program
+from test_programs import EXAMPLES
 from test_mas_e2e import RECIPES, artifacts, dumped_rows, run_recipe, write_math_fixture  # noqa: F401 (artifacts: the module's fixture)
 
 pytestmark = pytest.mark.slow
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def program(example: str) -> str:
@@ -26,45 +30,77 @@ def program(example: str) -> str:
     return f"pettingllms.program.target={os.path.abspath(os.path.join(EXAMPLES, example))}.py:team"
 
 
-def test_a_program_trains_a_full_model_and_an_adapter_with_tree_sampling_by_replay(artifacts):
-    """L2 + L1 in one run: the tool agent a full model of its own, the planner a LoRA adapter on the
-    base; K = 2 branches per call, replayed. Each agent's calls reach its own policy, each tree node
-    is a group of K replies to one prompt, and both policies are updated."""
-    dump = artifacts / "program_batches"
+LEVELS = {  # level -> (overrides of plan_path_program_cpu, each agent's policy)
+    "L0": (["~pettingllms.policies", "~pettingllms.roles.tool.policy", "~pettingllms.roles.plan.policy"], {"tool": "shared", "plan": "shared"}),
+    "L1": (["+pettingllms.policies.tool_policy.adapter.rank=8", "+pettingllms.policies.plan_policy.adapter.rank=8"], {"tool": "tool_policy", "plan": "plan_policy"}),
+    "L2": ([], {"tool": "tool_policy", "plan": "plan_policy"}),
+}
+
+
+def train_every_framework(artifacts, level: str) -> list[dict]:
+    """One step of ``plan_path_program_cpu`` at ``level`` with ``plan_path_frameworks.py``: the four
+    problems of the step (seeds 0-3, in order) played by the four example programs, one each; K = 2
+    branches per call, replayed. Asserts what holds at every level; returns the episode log."""
+    overrides, served = LEVELS[level]
+    dump, episodes = artifacts / f"frameworks_{level}_batches", artifacts / f"frameworks_{level}_episodes"
     metrics = run_recipe(
-        artifacts, "plan_path_program_cpu", program("plan_path_agents_sdk"), "trainer.total_training_steps=1", "+pettingllms.policies.plan_policy.adapter.rank=8",
-        f"pettingllms.paths.batch_dump_dir={dump}",
+        artifacts, "plan_path_program_cpu", f"pettingllms.program.target={os.path.join(TESTS, 'plan_path_frameworks.py')}:team", *overrides,
+        "trainer.total_training_steps=1", "data.train_batch_size=4", "data.shuffle=False", f"trainer.experiment_name=frameworks_{level}",
+        f"pettingllms.paths.batch_dump_dir={dump}", f"pettingllms.paths.episode_log_dir={episodes}",
     )
     data = metrics[0]["data"]
-    for policy in ("tool_policy", "plan_policy"):
+    for policy in set(served.values()):
         assert data[f"policy/{policy}/rows"] > 0 and f"policy/{policy}/actor/grad_norm" in data
         assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5  # trained on the ids and log-probs it sampled
-    assert data["mas/program/runs_mean"] > 2 and data["mas/program/replayed_calls"] > 0 and data["mas/episode_errors"] == 0
+    assert data["mas/program/replayed_calls"] > 0 and data["mas/program/replay_diverged"] == 0 and data["mas/episode_errors"] == 0
     assert "mas/tool/reward_mean" in data and "mas/plan/reward_mean" in data
     rows = dumped_rows(dump)
-    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {("tool", ("tool_policy",)), ("plan", ("plan_policy",))}
+    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {(agent, (policy,)) for agent, policy in served.items()}
     groups = defaultdict(list)
     for row in rows:
         groups[row["mas_group"]].append(row)
-    assert set(Counter(len(g) for g in groups.values())) == {2}  # every node: K = 2 replies
+    assert set(Counter(len(g) for g in groups.values())) == {2}  # every node: K = 2 replies, one of them continued
     for group in groups.values():
         assert len({(row["mas_role"], row["mas_turn"], row["mas_node"]) for row in group}) == 1
         assert sum(row["mas_chosen"] for row in group) == 1
+    played = [json.loads(line) for name in os.listdir(episodes) for line in open(episodes / name)]
+    by_framework = defaultdict(list)
+    for episode in played:
+        by_framework[plan_path_frameworks.framework(episode["seed"])].append(episode)
+    assert set(by_framework) == set(plan_path_frameworks.FRAMEWORKS)  # each framework played its problem
+    for framework, runs in by_framework.items():
+        for episode in runs:
+            assert episode["error"] is None and episode["program"]["runs"] > 1, (framework, episode["error"])  # replayed to branch
+            assert {s["role"]: s["policy"] for s in episode["samples"]} == served, framework  # each agent's calls reached its policy
+    return played
 
-    # pettingllms-eval plays the trained team, written with the bare openai client, as trained and with
-    # the two policies swapped; the viewer shows its calls per agent
+
+def test_every_framework_trains_on_one_shared_policy(artifacts):
+    """L0: the four Plan-Path programs' agents all served and trained by one policy."""
+    train_every_framework(artifacts, "L0")
+
+
+def test_every_framework_trains_an_adapter_per_agent(artifacts):
+    """L1: each agent's calls served and trained by its own LoRA adapter on one base, in every framework."""
+    train_every_framework(artifacts, "L1")
+
+
+def test_every_framework_trains_a_model_per_agent_and_is_evaluated_as_trained_and_swapped(artifacts):
+    """L2: each agent a full model of its own, in every framework. Then ``pettingllms-eval`` plays
+    the checkpoint with the bare ``openai`` client's team, as trained and with the two policies
+    swapped; the viewer shows its calls per agent."""
+    train_every_framework(artifacts, "L2")
     out = artifacts / "program_eval"
-    checkpoints = artifacts / "checkpoints" / "plan_path_program_cpu"
+    checkpoints = artifacts / "checkpoints" / "frameworks_L2"
     result = launch.run(
         [sys.executable, "-m", "pettingllms_verl.eval", f"team=plan_path_program_cpu@{checkpoints}", "--select", "latest",
-         "--split", "val", "--episodes", "2", "--out", str(out), "--recipes", RECIPES, "--set", program("plan_path_openai"),
-         "--set", "+pettingllms.policies.plan_policy.adapter.rank=8"],
+         "--split", "val", "--episodes", "2", "--out", str(out), "--recipes", RECIPES, "--set", program("plan_path_openai")],
         timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {row["swapped"]: row for row in json.load(open(out / "results.json"))["rows"]}
     assert set(rows) == {False, True} and rows[True]["swap"] == ["plan_policy", "tool_policy"]
-    assert rows[False]["method"] == "program (per-role policies, mixed)" and all(row["episodes"] == 2 for row in rows.values())
+    assert rows[False]["method"] == "program (per-role policies, full models)" and all(row["episodes"] == 2 for row in rows.values())
     episodes = [json.loads(line) for line in open(out / "episodes.jsonl")]
     assert len(episodes) == 4 and all(e["workflow"] == "program" and e["program"]["runs"] == 1 for e in episodes)
     for episode in episodes:
@@ -103,27 +139,27 @@ def test_a_langgraph_math_program_on_one_shared_policy_with_independent_runs(art
     assert max(len(g) for g in groups.values()) == 2  # the two runs of a problem meet in their calls' groups
 
 
-def test_an_autogen_team_in_its_own_environment_trains_an_adapter_per_agent_with_tree_sampling_by_replay(artifacts):
-    """L1: the AutoGen AgentChat team, a command run by .venv-autogen's Python (AutoGen pins protobuf 5,
-    verl's stack needs 6), each run a process of its own, each agent's calls served and trained by
-    its own LoRA adapter on one base; K = 2 branches per call, each a replay of the command with the
-    chosen prefix's replies served from the cache."""
-    dump = artifacts / "autogen_batches"
+@pytest.mark.parametrize("level", ["L1", "L2"])
+def test_the_langgraph_math_team_trains_a_policy_per_agent_with_tree_sampling_by_replay(artifacts, level):
+    """L1 (a LoRA adapter per agent on one base) and L2 (a model per agent, the recipe as shipped):
+    the solver's and the verifier's calls each reach their own policy, K = 2 branches per call by
+    replay, and both policies are updated on the ids and log-probs they sampled."""
+    write_math_fixture(artifacts)
+    dump = artifacts / f"math_{level}_batches"
+    adapters = ["+pettingllms.policies.solver_policy.adapter.rank=8", "+pettingllms.policies.verifier_policy.adapter.rank=8"] if level == "L1" else []
     metrics = run_recipe(
-        artifacts, "plan_path_program_cpu", "~pettingllms.program.target",
-        f"+pettingllms.program.command=[{','.join(map(os.path.abspath, example_program('plan_path_autogen').command))}]",
-        "+pettingllms.policies.tool_policy.adapter.rank=8", "+pettingllms.policies.plan_policy.adapter.rank=8",
-        "trainer.total_training_steps=1", "trainer.experiment_name=autogen_l1", f"pettingllms.paths.batch_dump_dir={dump}",
+        artifacts, "math_program_cpu", program("math_solver_verifier"), f"actor_rollout_ref.model.path={artifacts / 'tiny_model_plan_path'}",
+        *adapters, "trainer.total_training_steps=1", f"trainer.experiment_name=math_{level}", f"pettingllms.paths.batch_dump_dir={dump}",
     )
     data = metrics[0]["data"]
-    assert data["mas/program/replayed_calls"] > 0 and data["mas/program/replay_diverged"] == 0 and data["mas/episode_errors"] == 0
-    for policy in ("tool_policy", "plan_policy"):
+    for policy in ("solver_policy", "verifier_policy"):
         assert data[f"policy/{policy}/rows"] > 0 and f"policy/{policy}/actor/grad_norm" in data
         assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
+    assert data["mas/program/replayed_calls"] > 0 and data["mas/program/replay_diverged"] == 0 and data["mas/episode_errors"] == 0
     rows = dumped_rows(dump)
-    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {("tool", ("tool_policy",)), ("plan", ("plan_policy",))}
+    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {("solver", ("solver_policy",)), ("verifier", ("verifier_policy",))}
     groups = defaultdict(list)
     for row in rows:
         groups[row["mas_group"]].append(row)
-    assert set(Counter(len(g) for g in groups.values())) == {2}  # every node: K = 2 replies, one of them continued
+    assert set(Counter(len(g) for g in groups.values())) == {2}
     assert all(sum(row["mas_chosen"] for row in group) == 1 for group in groups.values())
