@@ -173,14 +173,18 @@ def test_plots_draw_each_metric_per_run_with_seeds_as_a_band(tmp_path):
 
     runs = {"sa": [log(tmp_path / "sa0.jsonl", 0.1, ["plan"]), log(tmp_path / "sa1.jsonl", 0.2, ["plan"], faulted_step=2)],
             "mas": [log(tmp_path / "mas0.jsonl", 0.3, ["plan", "tool"])]}
+    ppo = tmp_path / "ppo0.jsonl"  # PPO's run: a critic, no AT-GRPO groups
+    ppo.write_text("".join(json.dumps({"step": step, "data": {"mas/success": 0.5, "critic/vf_loss": 1.0 / step, "critic/vf_explained_var": 0.2 * step}}) + "\n"
+                           for step in (1, 2, 3)))
+    runs["ppo"] = [str(ppo)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # numpy's "Mean of empty slice" at a step without validation
         path, legends = plots.plot_curves(runs, str(tmp_path))
     # a step where faults ended episodes (in any seed) is marked; a run without faults has no mark
     assert legends["team success"] == ["sa: train success (2 seeds)", "sa: val success (2 seeds)", "sa: episodes ended by a fault",
-                                       "mas: train success", "mas: val success"]
+                                       "mas: train success", "mas: val success", "ppo: train success"]
     assert legends["role reward (mean)"] == ["sa: plan (2 seeds)", "mas: plan", "mas: tool"]
-    assert legends["AT-GRPO groups"] == ["sa: zero_variance_frac (2 seeds)", "mas: zero_variance_frac"]
+    assert legends["AT-GRPO groups, critic"] == ["sa: zero_variance_frac (2 seeds)", "mas: zero_variance_frac", "ppo: vf_explained_var", "ppo: vf_loss"]
     assert Image.open(path).size == (1320, 880)
 
     rows = [{"env": "plan_path", "label": "base", "method": "SA", "step": None, "success": 0.2, "success_se": 0.1},

@@ -28,7 +28,8 @@ PANELS = {
     "team success": [r"mas/success", r"val-core/[^/]+/reward/mean@\d+"],
     "role reward (mean)": [r"mas/[^/]+/reward_mean"],
     "parse failures (share of replies)": [r"mas/parse_failure_rate"],
-    "AT-GRPO groups": [r"at_grpo/zero_variance_frac", r"at_grpo/singleton_frac"],
+    # advantages: AT-GRPO's groups, or PPO's critic (algorithm.adv_estimator=gae)
+    "AT-GRPO groups, critic": [r"at_grpo/zero_variance_frac", r"at_grpo/singleton_frac", r"critic/vf_loss", r"critic/vf_explained_var"],
 }
 LEGEND = {"mas/success": "train success", "mas/parse_failure_rate": "parse failures"}
 # share of a step's episodes ended by a fault: the success panel marks the steps that had any (a step
