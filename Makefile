@@ -197,7 +197,7 @@ quickstart: model data  ## install, build the tiny model and data, train QUICKST
 # main_ppo run happens once): an end-to-end main_ppo run keeps about one core busy, so 2 on 2 cores.
 TEST_JOBS ?= 2
 # .venv-vllm is built first: a machine that cannot build it (no libnuma) says so before the main tier's 20 minutes
-test: $(VENV)/.installed $(VENV_VLLM)/.installed $(VENV_AUTOGEN)/.installed real-model  ## the whole test suite: the main tier (35-50 minutes on 2 cores), then the vLLM tier
+test: $(VENV)/.installed $(VENV_VLLM)/.installed $(VENV_AUTOGEN)/.installed real-model  ## the whole test suite: the main tier (35-50 minutes on 2 cores), then the vLLM tier (about 13)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 	@$(MAKE) --no-print-directory test-vllm
 
