@@ -16,8 +16,9 @@ import os
 from pettingllms_verl.targets import load_target
 
 FRAMEWORKS = ("plan_path_openai", "plan_path_langgraph", "plan_path_agents_sdk", "plan_path_autogen")
-EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "agents")
-AUTOGEN_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".venv-autogen", "bin", "python")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+EXAMPLES = os.path.join(ROOT, "examples", "agents")
+AUTOGEN_PYTHON = os.path.join(ROOT, ".venv-autogen", "bin", "python")  # make install-autogen
 TEAMS = {name: load_target(f"{EXAMPLES}/{name}.py:team") for name in FRAMEWORKS if name != "plan_path_autogen"}
 
 

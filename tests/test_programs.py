@@ -19,6 +19,7 @@ from pettingllms_verl.programs.gateway import Gateway, GatewayError, parse_reque
 from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_slot
 from pettingllms_verl.config import ProgramConfig, SettingsError, load
 from pettingllms_verl.rollout.episode import ERRORS, PromptTooLong
+from plan_path_frameworks import AUTOGEN_PYTHON, EXAMPLES  # the example programs' folder, the AutoGen team's Python
 
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "team_programs.py")
 AGENTS = ("writer", "checker")
@@ -311,16 +312,12 @@ def test_a_replay_that_asks_something_else_is_counted_and_trained_as_an_independ
 
 # --- the same rows as the native environment --------------------------------------------------------
 
-EXAMPLES = os.path.join(os.path.dirname(PROGRAMS), "..", "examples", "agents")
 EXAMPLE = os.path.join(EXAMPLES, "plan_path_openai.py")
 SCRIPT = {  # (role, turn) -> the reply both paths receive
     ("tool", 0): "```python\nprint('R D')\n```", ("plan", 0): "Moves: R D R",
     ("tool", 1): "```python\nimport sys\nprint(sys.stdin.read()[:0] + 'L')\n```", ("plan", 1): "no moves here",
 }
 
-
-# the AutoGen team's own environment (make install-autogen): AutoGen pins protobuf 5, verl's stack needs 6
-AUTOGEN_PYTHON = os.path.join(os.path.dirname(PROGRAMS), "..", ".venv-autogen", "bin", "python")
 
 
 def example_program(example: str) -> ProgramConfig:

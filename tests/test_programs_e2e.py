@@ -16,8 +16,6 @@ import pytest
 
 import launch
 import plan_path_frameworks
-
-from test_programs import EXAMPLES
 from test_mas_e2e import RECIPES, artifacts, dumped_rows, run_recipe, write_math_fixture  # noqa: F401 (artifacts: the module's fixture)
 
 pytestmark = pytest.mark.slow
@@ -27,7 +25,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 def program(example: str) -> str:
     """The override that plays ``examples/agents/<example>.py`` (an absolute path: the tests start main_ppo in their artifacts folder)."""
-    return f"pettingllms.program.target={os.path.abspath(os.path.join(EXAMPLES, example))}.py:team"
+    return f"pettingllms.program.target={os.path.abspath(os.path.join(plan_path_frameworks.EXAMPLES, example))}.py:team"
 
 
 LEVELS = {  # level -> (overrides of plan_path_program_cpu, each agent's policy)
