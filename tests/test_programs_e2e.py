@@ -35,6 +35,26 @@ LEVELS = {  # level -> (overrides of plan_path_program_cpu, each agent's policy)
 }
 
 
+def assert_trained_by_replay(data: dict, dump, served: dict[str, str]) -> None:
+    """A one-step program run with K = 2 tree sampling by replay (its step metrics ``data``, its rows
+    dumped to ``dump``): each agent's calls served and trained by its policy in ``served`` (agent ->
+    policy), every policy updated on the ids and log-probs it sampled, every tree node a group of
+    K = 2 replies to one prompt with one of them continued."""
+    for policy in set(served.values()):
+        assert data[f"policy/{policy}/rows"] > 0 and f"policy/{policy}/actor/grad_norm" in data
+        assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5  # trained on the ids and log-probs it sampled
+    assert data["mas/program/replayed_calls"] > 0 and data["mas/program/replay_diverged"] == 0 and data["mas/episode_errors"] == 0
+    rows = dumped_rows(dump)
+    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {(agent, (policy,)) for agent, policy in served.items()}
+    groups = defaultdict(list)
+    for row in rows:
+        groups[row["mas_group"]].append(row)
+    assert set(Counter(len(g) for g in groups.values())) == {2}  # every node: K = 2 replies, one of them continued
+    for group in groups.values():
+        assert len({(row["mas_role"], row["mas_turn"], row["mas_node"]) for row in group}) == 1
+        assert sum(row["mas_chosen"] for row in group) == 1
+
+
 def train_every_framework(artifacts, level: str) -> list[dict]:
     """One step of ``plan_path_program_cpu`` at ``level`` with ``plan_path_frameworks.py``: the four
     problems of the step (seeds 0-3, in order) played by the four example programs, one each; K = 2
@@ -46,21 +66,8 @@ def train_every_framework(artifacts, level: str) -> list[dict]:
         "trainer.total_training_steps=1", "data.train_batch_size=4", "data.shuffle=False", f"trainer.experiment_name=frameworks_{level}",
         f"pettingllms.paths.batch_dump_dir={dump}", f"pettingllms.paths.episode_log_dir={episodes}",
     )
-    data = metrics[0]["data"]
-    for policy in set(served.values()):
-        assert data[f"policy/{policy}/rows"] > 0 and f"policy/{policy}/actor/grad_norm" in data
-        assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5  # trained on the ids and log-probs it sampled
-    assert data["mas/program/replayed_calls"] > 0 and data["mas/program/replay_diverged"] == 0 and data["mas/episode_errors"] == 0
-    assert "mas/tool/reward_mean" in data and "mas/plan/reward_mean" in data
-    rows = dumped_rows(dump)
-    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {(agent, (policy,)) for agent, policy in served.items()}
-    groups = defaultdict(list)
-    for row in rows:
-        groups[row["mas_group"]].append(row)
-    assert set(Counter(len(g) for g in groups.values())) == {2}  # every node: K = 2 replies, one of them continued
-    for group in groups.values():
-        assert len({(row["mas_role"], row["mas_turn"], row["mas_node"]) for row in group}) == 1
-        assert sum(row["mas_chosen"] for row in group) == 1
+    assert_trained_by_replay(metrics[0]["data"], dump, served)
+    assert "mas/tool/reward_mean" in metrics[0]["data"] and "mas/plan/reward_mean" in metrics[0]["data"]
     played = [json.loads(line) for name in os.listdir(episodes) for line in open(episodes / name)]
     by_framework = defaultdict(list)
     for episode in played:
@@ -149,15 +156,4 @@ def test_the_langgraph_math_team_trains_a_policy_per_agent_with_tree_sampling_by
         artifacts, "math_program_cpu", program("math_solver_verifier"), f"actor_rollout_ref.model.path={artifacts / 'tiny_model_plan_path'}",
         *adapters, "trainer.total_training_steps=1", f"trainer.experiment_name=math_{level}", f"pettingllms.paths.batch_dump_dir={dump}",
     )
-    data = metrics[0]["data"]
-    for policy in ("solver_policy", "verifier_policy"):
-        assert data[f"policy/{policy}/rows"] > 0 and f"policy/{policy}/actor/grad_norm" in data
-        assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
-    assert data["mas/program/replayed_calls"] > 0 and data["mas/program/replay_diverged"] == 0 and data["mas/episode_errors"] == 0
-    rows = dumped_rows(dump)
-    assert {(row["mas_role"], tuple(row["mas_served_by"])) for row in rows} == {("solver", ("solver_policy",)), ("verifier", ("verifier_policy",))}
-    groups = defaultdict(list)
-    for row in rows:
-        groups[row["mas_group"]].append(row)
-    assert set(Counter(len(g) for g in groups.values())) == {2}
-    assert all(sum(row["mas_chosen"] for row in group) == 1 for group in groups.values())
+    assert_trained_by_replay(metrics[0]["data"], dump, {"solver": "solver_policy", "verifier": "verifier_policy"})
