@@ -168,11 +168,12 @@ reproduce-program: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/d
 # The real model on the same task (make reproduce-real): SmolLM2-135M-Instruct with a LoRA adapter per
 # role, each warm-started by verl's SFT trainer (LoRA) on its role's replies in team episodes of the
 # same demonstrations, then MAS + AT-GRPO (plan_path_mas_lora_smollm2_repro_cpu), evaluated on
-# REAL_TEST test problems before and after, as trained and swapped. Hours on 2 cores: a rerun resumes
-# the training from its last checkpoint and keeps a finished one.
+# REAL_TEST problems of each held-out split before and after, as trained and swapped, REAL_SEEDS training
+# runs. About 3.5 hours per seed on 2 cores: a rerun resumes a training run from its last checkpoint and
+# keeps a finished run and each finished evaluation; seeds can be added one at a time (REAL_SEEDS=0, then 0,1, ...).
 REAL_SFT_STEPS ?= 60
-REAL_SEEDS ?= 0
-REAL_TEST ?= 1024
+REAL_SEEDS ?= 0,1,2
+REAL_TEST ?= 256
 $(ARTIFACTS)/smollm2_135m_%_adapter/adapter_config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/smollm2_135m/config.json
 	rm -rf $(@D)
 	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/smollm2_135m --out $(@D) --roles $* --workflows mas --episodes 500 \

@@ -155,12 +155,14 @@ def test_training_runs_go_jobs_at_once_and_a_failed_one_is_reported_while_the_ot
     import threading
 
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
-    trained = []
+    monkeypatch.setattr(reproduce.runs, "usable_cores", lambda: 4)
+    trained, threads = [], set()
     two_running = threading.Barrier(2, timeout=60)  # broken (and the test failed) unless two runs train at the same time
 
     def main_ppo(command, **kwargs):  # stands in for main_ppo: the runs themselves go through reproduce.train
         label = next(arg for arg in command if arg.startswith("trainer.experiment_name=")).split("=repro_")[1]
         trained.append(label)
+        threads.update(arg.split("=", 1)[1] for arg in command if "OMP_NUM_THREADS" in arg)
         if label in ("sa_s0", "sa_s1"):  # the first two of the three
             two_running.wait()
         return subprocess.CompletedProcess(command, 1 if label == "sa_s9" else 0)
@@ -170,13 +172,17 @@ def test_training_runs_go_jobs_at_once_and_a_failed_one_is_reported_while_the_ot
     reproduce.train_all(40, args, tmp_path / "out", {"sa": reproduce.warm_start(args, "sa")}, {"sa": reproduce.training_settings("sa", args)})
     assert sorted(trained) == ["sa_s0", "sa_s1", "sa_s2"]
     assert capsys.readouterr().out.count("] done in") == 3
+    assert threads == {'"2"'}  # the trainer's threads: 4 cores shared by 2 runs at once
     trained.clear()
+    threads.clear()
     failing = reproduce.parse_args(["--methods", "sa", "--seeds", "9,8", "--jobs", "1", "--out", str(tmp_path / "out")])
     failed = reproduce.train_all(40, failing, tmp_path / "out", {"sa": reproduce.warm_start(failing, "sa")},
                                  {"sa": reproduce.training_settings("sa", failing)})
     assert list(failed) == ["sa_s9"] and "training sa_s9 failed (exit 1)" in failed["sa_s9"]
     assert trained == ["sa_s9", "sa_s8"]  # the run after the failed one still trained
     assert "[train sa_s9] FAILED" in capsys.readouterr().out
+    assert threads == {'"4"'}  # one run at a time: all 4 cores
+    assert reproduce.trainer_threads(reproduce.parse_args(["--set", '++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="1"'])) == []
 
 
 def test_finished_steps_reads_verls_last_file(tmp_path):
@@ -432,29 +438,29 @@ def test_before_is_reused_only_for_the_same_source_config_problems_and_warm_star
     folder = tmp_path / "out" / "before" / "test" / "s0"
     folder.mkdir(parents=True)
     fp = lambda a, seed=0, source="abc", problems="p1": reproduce.fingerprint(specs, a, warm(a), seed, "test", source, problems)  # noqa: E731
-    assert reproduce.earlier_before(folder, fp(args)) is None  # nothing there
+    assert reproduce.earlier_evaluation(folder, fp(args)) is None  # nothing there
     (folder / "results.json").write_text(json.dumps({"rows": [_row("sa", 0.1), _row("mas", 0.2)]}))
     (folder / "episodes.jsonl").write_text(json.dumps({"run": "mas", "seed": 7, "success": True}) + "\n")
     (folder / "fingerprint.json").write_text(json.dumps(fp(args)))
-    kept = reproduce.earlier_before(folder, fp(args))
+    kept = reproduce.earlier_evaluation(folder, fp(args))
     assert kept["rows"][1]["success"] == 0.2 and kept["outcomes"] == {"mas": {"0": {"7": [True]}}}
     capsys.readouterr()
-    assert reproduce.earlier_before(folder, fp(args, source="def")) is None  # the package's code changed
+    assert reproduce.earlier_evaluation(folder, fp(args, source="def")) is None  # the package's code changed
     assert "evaluated again: the package's source changed (sha256 abc -> def)" in capsys.readouterr().out
     other = reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "8", "--set", "actor_rollout_ref.rollout.val_kwargs.top_p=0.9"])
-    assert reproduce.earlier_before(folder, fp(other)) is None  # the evaluation samples otherwise
+    assert reproduce.earlier_evaluation(folder, fp(other)) is None  # the evaluation samples otherwise
     assert "run sa's evaluation config: actor_rollout_ref.rollout.val_kwargs.top_p: 1.0 -> 0.9" in capsys.readouterr().out
-    assert reproduce.earlier_before(folder, fp(args, problems="p2")) is None  # the split was written again, with other problems
+    assert reproduce.earlier_evaluation(folder, fp(args, problems="p2")) is None  # the split was written again, with other problems
     assert "evaluated again: the test split holds other problems (sha256 p1 -> p2)" in capsys.readouterr().out
-    assert reproduce.earlier_before(folder, fp(args, seed=1)) is None  # another draw
+    assert reproduce.earlier_evaluation(folder, fp(args, seed=1)) is None  # another draw
     assert "seed: 0 -> 1" in capsys.readouterr().out
-    assert reproduce.earlier_before(folder, fp(reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "16"]))) is None
+    assert reproduce.earlier_evaluation(folder, fp(reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "16"]))) is None
     (model / "warm_start.json").write_text('{"steps": 600}')
-    assert reproduce.earlier_before(folder, fp(args)) is None
+    assert reproduce.earlier_evaluation(folder, fp(args)) is None
     assert "another warm start" in capsys.readouterr().out
     (folder / "results.json").write_text('{"rows": [')  # cut short
     (folder / "fingerprint.json").write_text(json.dumps(fp(args)))
-    assert reproduce.earlier_before(folder, fp(args)) is None
+    assert reproduce.earlier_evaluation(folder, fp(args)) is None
     assert reproduce.source_hash() == reproduce.source_hash() and len(reproduce.source_hash()) == 64
 
 
@@ -614,11 +620,12 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     for split, rows in splits.items():
         write_parquet(rows, str(data / f"{split}.parquet"))
 
-    def main_ppo(command, env=None, **kwargs):  # a training run: a checkpoint tracker and one logged step
+    def main_ppo(command, env=None, **kwargs):  # a training run: a checkpoint tracker and its logged steps
         checkpoints = Path(next(a for a in command if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
+        steps = int(next(a for a in command if a.startswith("trainer.total_training_steps=")).split("=", 1)[1])
         checkpoints.mkdir(parents=True, exist_ok=True)
-        (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
-        Path(env["VERL_FILE_LOGGER_PATH"]).write_text("".join(json.dumps({"step": s, "data": {"mas/success": 0.5}}) + "\n" for s in (1, 2)))
+        (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(steps))
+        Path(env["VERL_FILE_LOGGER_PATH"]).write_text("".join(json.dumps({"step": s, "data": {"mas/success": 0.5}}) + "\n" for s in range(1, steps + 1)))
         return subprocess.CompletedProcess(command, 0)
 
     evaluations = []
@@ -659,6 +666,12 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     text = (tmp_path / "out" / "reproduce.md").read_text()
     assert "## Development test split (`test`, sha256 " in text and "## Confirmation split (`confirm`, sha256 " in text
     evaluations.clear()
-    assert reproduce.main(argv) == 0  # again: the runs are finished and the "before" evaluations made alike: kept
-    assert [e for e in evaluations if e[0].parts[0] == "before"] == []
-    assert capsys.readouterr().out.count("same source, configs, problems and warm start: kept") == 4
+    capsys.readouterr()
+    assert reproduce.main(argv) == 0  # again: the runs are finished and every evaluation made alike: all kept
+    assert evaluations == []
+    said = capsys.readouterr().out
+    assert said.count("same source, configs, problems and warm start: kept") == 4
+    assert said.count("same source, configs, problems and warm start, trained weights: kept") == 4
+    assert reproduce.main([*argv[:argv.index("--steps")], "--steps", "3", *argv[argv.index("--steps") + 2:]]) == 0
+    assert sorted(evaluations) == [(Path(f"after/{split}/s{seed}"), split, seed) for split in ("confirm", "test") for seed in (0, 1)]
+    assert capsys.readouterr().out.count("evaluated again: other trained weights") == 4  # trained on: only the afters again

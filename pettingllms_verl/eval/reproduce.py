@@ -28,7 +28,7 @@ aside), ``--jobs`` runs at once. ``pettingllms-eval`` then plays, on each held-o
 warm start ("before", once per training seed, sampling with that seed; kept from an earlier invocation
 only when the package's source, the composed evaluation config, the problems and the warm start are
 the same, else evaluated again with the reason said) and each run's best step on val ("after",
-sampling with the run's seed). ``--set`` can start the roles of ``per_role`` apart, e.g. ``--methods
+sampling with the run's seed; kept likewise when the run's weights are also the same). ``--set`` can start the roles of ``per_role`` apart, e.g. ``--methods
 per_role --set ++pettingllms.policies.plan_policy.overrides.model.path=DIR``. A training run that
 fails is reported as failed (its seed is left out of the method's figures, and said so); the others go
 on. Writes to --out: ``reproduce.md`` and ``reproduce.json`` (per split and method, success before
@@ -49,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -205,10 +206,14 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
             curve.rename(replaced / "curve.jsonl")
         evaluate.say(f"[train {label}] trained again from the start: {'; '.join(reasons)}. The earlier run: {replaced}")
     checkpoints.mkdir(parents=True, exist_ok=True)
+    if done < steps:  # its weights change: an evaluation of the earlier ones no longer stands for it
+        (checkpoints / "trained.json").unlink(missing_ok=True)
     for name, record in (("warm_start", warm), ("settings", settings), ("source", source)):  # a kill mid-write leaves the old file
         write_whole(checkpoints / f"{name}.json", json.dumps(record))
     keep_curve(log_dir, label, done)
     if done == steps:
+        if trained_id(checkpoints) is None:  # finished by a version that wrote no id: these weights get one now
+            mark_trained(checkpoints, steps)
         evaluate.say(f"[train {label}] finished earlier ({done} steps): kept")
         return
     command = [
@@ -220,6 +225,7 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
         "trainer.resume_mode=auto",
         f"data.seed={seed}",
         f"actor_rollout_ref.rollout.seed={seed}",
+        *trainer_threads(args),
     ]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(launch_log(log_dir, label).resolve())}
     log_path = log_dir / f"{label}.main_ppo.log"
@@ -232,7 +238,32 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
         stop = next((line for line in why.splitlines() if faults.STOPPED in line), None)  # a fault stop: its reason in the table
         raise TrainingFailed(f"training {label} failed (exit {code}){': ' + stop if stop else ''}; its log: {log_path}\n{why}")
     keep_curve(log_dir, label, steps)
+    mark_trained(checkpoints, steps)
     evaluate.say(f"[train {label}] done in {time.perf_counter() - started:.0f} s")
+
+
+def trainer_threads(args: argparse.Namespace) -> list[str]:
+    """The override that gives a training run's Ray workers (the trainer) the cores of its share, ``--jobs``
+    runs at once: Ray starts an actor without ``num_cpus`` with one thread, which leaves a core idle in
+    the update when one run has the machine (the rollout server keeps its own ``torch_threads``).
+    None when ``--set`` names the threads itself."""
+    if any("OMP_NUM_THREADS" in override for override in args.overrides):
+        return []
+    return [f'++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{max(1, runs.usable_cores() // args.jobs)}"']
+
+
+def mark_trained(checkpoints: Path, steps: int) -> None:
+    write_whole(checkpoints / "trained.json", json.dumps({"steps": steps, "id": uuid.uuid4().hex}))
+
+
+def trained_id(checkpoints: Path) -> str | None:
+    """Which weights a finished run holds: an id written when its training last finished (a run trained
+    again, or on to more steps, gets a new one), so that an "after" evaluation is kept only for the same
+    weights; None when the run does not record one."""
+    try:
+        return json.loads((checkpoints / "trained.json").read_text())["id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 # keys that do not change what a run learns, which a resumed run may change: its length, cadence, names and
@@ -413,15 +444,17 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
-def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict, seed: int, split: str, source: str, problems: str) -> dict:
-    """What a "before" evaluation depends on: the package's source (``source_hash``), each run's composed
-    config as the evaluation plays it (flat keys, rollout seed and ``--set`` included), the problems
-    (split, count, ``problems``: the sha256 of the split's tasks, ``check_splits``) and the warm starts
-    of the evaluated methods (``warm``: method -> ``warm_start``)."""
-    labels = [spec.split("=", 1)[0] for spec in specs]
+def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict, seed: int, split: str, source: str, problems: str,
+                trained: dict[str, str | None] | None = None) -> dict:
+    """What an evaluation of ``specs`` (``label=recipe[@checkpoints]``) depends on: the package's source
+    (``source_hash``), each run's composed config as the evaluation plays it (flat keys, rollout seed and
+    ``--set`` included), the problems (split, count, ``problems``: the sha256 of the split's tasks,
+    ``check_splits``), each label's warm start (``warm``: label -> ``warm_start``) and, after training,
+    each run's weights (``trained``: label -> ``trained_id``)."""
+    recipes = {spec.split("=", 1)[0]: spec.split("=", 1)[1].split("@", 1)[0] for spec in specs}
     return {"source": source, "split": split, "problems": problems, "episodes": args.episodes, "seed": seed,
-            "configs": {label: flat_config(METHODS[label][0], eval_overrides(args, seed), Path(args.recipes)) for label in labels},
-            "warm": {label: warm[label] for label in labels}}
+            "configs": {label: flat_config(recipe, eval_overrides(args, seed), Path(args.recipes)) for label, recipe in recipes.items()},
+            "warm": {label: warm[label] for label in recipes}, "trained": trained}
 
 
 def fingerprint_changes(saved: dict, now: dict) -> list[str]:
@@ -441,30 +474,45 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
             reasons.append(f"run {label}'s evaluation config: {'; '.join(changed[:3])}" + (f"; and {len(changed) - 3} more" if len(changed) > 3 else ""))
     if saved.get("warm") != now["warm"]:
         reasons.append("another warm start")
+    if now["trained"] is not None and (None in now["trained"].values() or saved.get("trained") != now["trained"]):
+        reasons.append("other trained weights (a run trained again, or on to more steps, since)")
     return reasons
 
 
-def earlier_before(folder: Path, fp: dict) -> dict | None:
-    """The "before" evaluation saved in ``folder`` when it was made as ``fp`` says (``fingerprint``);
-    otherwise None, having said which and why it is evaluated again."""
+def earlier_evaluation(folder: Path, fp: dict) -> dict | None:
+    """The evaluation saved in ``folder`` when it was made as ``fp`` says (``fingerprint``); otherwise
+    None, having said which and why it is evaluated again."""
+    kind = "after" if fp["trained"] is not None else "before"
     try:
         saved = json.loads((folder / "fingerprint.json").read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(saved, dict):
-        evaluate.say(f"[before] {folder} evaluated again: its fingerprint.json is not a record")
+        evaluate.say(f"[{kind}] {folder} evaluated again: its fingerprint.json is not a record")
         return None
     reasons = fingerprint_changes(saved, fp)
     if reasons:
-        evaluate.say(f"[before] {folder} evaluated again: {'; '.join(reasons)}")
+        evaluate.say(f"[{kind}] {folder} evaluated again: {'; '.join(reasons)}")
         return None
     try:
-        before = read_evaluation(folder)
+        found = read_evaluation(folder)
     except (OSError, ValueError, KeyError):
-        evaluate.say(f"[before] {folder} evaluated again: its results are unreadable")
+        evaluate.say(f"[{kind}] {folder} evaluated again: its results are unreadable")
         return None
-    evaluate.say(f"[before] {folder}: same source, configs, problems and warm start: kept")
-    return before
+    weights = ", trained weights" if kind == "after" else ""
+    evaluate.say(f"[{kind}] {folder}: same source, configs, problems and warm start{weights}: kept")
+    return found
+
+
+def evaluation(specs: list[str], args: argparse.Namespace, folder: Path, seed: int, split: str, fp: dict, swap: bool) -> dict:
+    """``evaluate_runs`` into ``folder``, or the one saved there when made alike (``earlier_evaluation``):
+    a rerun of a reproduction cut short keeps its finished evaluations."""
+    found = earlier_evaluation(folder, fp)
+    if found is None:
+        (folder / "fingerprint.json").unlink(missing_ok=True)  # written again once the evaluation is whole
+        found = evaluate_runs(specs, args, folder, seed, split, swap=swap)
+        write_whole(folder / "fingerprint.json", json.dumps(fp))
+    return found
 
 
 def _role_rewards(row: dict | None) -> dict[str, float]:
@@ -726,22 +774,20 @@ def main(argv: list[str] | None = None) -> int:
         before: dict[str, dict[int, dict]] = {}
         for split in args.splits:
             for seed in args.seeds:
-                folder = out / "before" / split / f"s{seed}"
                 fp = fingerprint(before_specs, args, warm, seed, split, source, split_sha256[split])
-                found = earlier_before(folder, fp)
-                if found is None:
-                    (folder / "fingerprint.json").unlink(missing_ok=True)  # written again once the evaluation is whole
-                    found = evaluate_runs(before_specs, args, folder, seed, split, swap=False)
-                    write_whole(folder / "fingerprint.json", json.dumps(fp))
-                before.setdefault(split, {})[seed] = found
+                before.setdefault(split, {})[seed] = evaluation(before_specs, args, out / "before" / split / f"s{seed}", seed, split, fp, swap=False)
         failed = train_all(steps, args, out, warm, settings)
         after: dict[str, dict[int, dict]] = {}
         for split in args.splits:
             for seed in args.seeds:
-                specs = [f"{run_label(m, seed)}={METHODS[m][0]}@{out / 'checkpoints' / run_label(m, seed)}"
-                         for m in args.methods if run_label(m, seed) not in failed]
-                if specs:
-                    after.setdefault(split, {})[seed] = evaluate_runs(specs, args, out / "after" / split / f"s{seed}", seed, split)
+                trained = [m for m in args.methods if run_label(m, seed) not in failed]
+                if not trained:
+                    continue
+                checkpoints = {run_label(m, seed): out / "checkpoints" / run_label(m, seed) for m in trained}
+                specs = [f"{run_label(m, seed)}={METHODS[m][0]}@{checkpoints[run_label(m, seed)]}" for m in trained]
+                fp = fingerprint(specs, args, {run_label(m, seed): warm[m] for m in trained}, seed, split, source, split_sha256[split],
+                                 trained={label: trained_id(folder) for label, folder in checkpoints.items()})
+                after.setdefault(split, {})[seed] = evaluation(specs, args, out / "after" / split / f"s{seed}", seed, split, fp, swap=True)
     except (ReproduceError, runs.EvalError) as error:
         print(f"reproduce: {error}", file=sys.stderr)
         return 1
