@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -454,6 +455,9 @@ def test_before_is_reused_only_for_the_same_source_config_problems_and_warm_star
     assert "evaluated again: the test split holds other problems (sha256 p1 -> p2)" in capsys.readouterr().out
     assert reproduce.earlier_evaluation(folder, fp(args, seed=1)) is None  # another draw
     assert "seed: 0 -> 1" in capsys.readouterr().out
+    only_sa = reproduce.fingerprint(specs[:1], args, warm(args), 0, "test", "abc", "p1")
+    assert reproduce.earlier_evaluation(folder, only_sa) is None  # a run less
+    assert "other runs (saved: mas, sa; now: sa)" in capsys.readouterr().out
     assert reproduce.earlier_evaluation(folder, fp(reproduce.parse_args(["--out", str(tmp_path / "out"), "--episodes", "16"]))) is None
     (model / "warm_start.json").write_text('{"steps": 600}')
     assert reproduce.earlier_evaluation(folder, fp(args)) is None
@@ -623,7 +627,9 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     def main_ppo(command, env=None, **kwargs):  # a training run: a checkpoint tracker and its logged steps
         checkpoints = Path(next(a for a in command if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
         steps = int(next(a for a in command if a.startswith("trainer.total_training_steps=")).split("=", 1)[1])
-        checkpoints.mkdir(parents=True, exist_ok=True)
+        for step in range(1, steps + 1):  # each step saved with its validation (the evaluation plays the best)
+            (checkpoints / f"global_step_{step}").mkdir(parents=True, exist_ok=True)
+            (checkpoints / f"global_step_{step}" / "val_metrics.json").write_text(json.dumps({"metrics": {"val-core/plan_path/reward/mean@1": step % 2}}))
         (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(steps))
         Path(env["VERL_FILE_LOGGER_PATH"]).write_text("".join(json.dumps({"step": s, "data": {"mas/success": 0.5}}) + "\n" for s in range(1, steps + 1)))
         return subprocess.CompletedProcess(command, 0)
@@ -675,3 +681,7 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     assert reproduce.main([*argv[:argv.index("--steps")], "--steps", "3", *argv[argv.index("--steps") + 2:]]) == 0
     assert sorted(evaluations) == [(Path(f"after/{split}/s{seed}"), split, seed) for split in ("confirm", "test") for seed in (0, 1)]
     assert capsys.readouterr().out.count("evaluated again: other trained weights") == 4  # trained on: only the afters again
+    evaluations.clear()
+    shutil.rmtree(tmp_path / "out" / "checkpoints" / "mas_s1" / "global_step_3")  # seed 1's best step on val is gone
+    assert reproduce.main([*argv[:argv.index("--steps")], "--steps", "3", *argv[argv.index("--steps") + 2:]]) == 0
+    assert sorted(evaluations) == [(Path(f"after/{split}/s1"), split, 1) for split in ("confirm", "test")]

@@ -258,11 +258,15 @@ def mark_trained(checkpoints: Path, steps: int) -> None:
 
 def trained_id(checkpoints: Path) -> str | None:
     """Which weights a finished run holds: an id written when its training last finished (a run trained
-    again, or on to more steps, gets a new one), so that an "after" evaluation is kept only for the same
-    weights; None when the run does not record one."""
+    again, or on to more steps, gets a new one) with the step an evaluation plays (the best on val), so
+    that an "after" evaluation is kept only for the same weights; None when the run does not record one
+    or its checkpoints moved on since (steps saved outside this command)."""
     try:
-        return json.loads((checkpoints / "trained.json").read_text())["id"]
-    except (OSError, ValueError, KeyError, TypeError):
+        record = json.loads((checkpoints / "trained.json").read_text())
+        if record["steps"] != finished_steps(checkpoints):
+            return None
+        return f"{record['id']}:{Path(runs.resolve_checkpoint(str(checkpoints), 'best-val')).name}"
+    except (OSError, ValueError, KeyError, TypeError, runs.EvalError):
         return None
 
 
@@ -472,7 +476,9 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
         changed = changed_keys(saved_configs[label], config) if label in saved_configs else ["not in it"]
         if changed:
             reasons.append(f"run {label}'s evaluation config: {'; '.join(changed[:3])}" + (f"; and {len(changed) - 3} more" if len(changed) > 3 else ""))
-    if saved.get("warm") != now["warm"]:
+    if set(saved.get("warm") or {}) != set(now["warm"]):
+        reasons.append(f"other runs (saved: {', '.join(sorted(saved.get('warm') or {})) or 'none'}; now: {', '.join(sorted(now['warm']))})")
+    elif saved.get("warm") != now["warm"]:
         reasons.append("another warm start")
     if now["trained"] is not None and (None in now["trained"].values() or saved.get("trained") != now["trained"]):
         reasons.append("other trained weights (a run trained again, or on to more steps, since)")
