@@ -246,7 +246,7 @@ def trainer_threads(args: argparse.Namespace) -> list[str]:
     """The override that gives a training run's Ray workers (the trainer) the cores of its share, ``--jobs``
     runs at once: Ray starts an actor without ``num_cpus`` with one thread, which leaves a core idle in
     the update when one run has the machine (the rollout server keeps its own ``torch_threads``).
-    None when ``--set`` names the threads itself."""
+    Nothing when ``--set`` names the threads itself."""
     if any("OMP_NUM_THREADS" in override for override in args.overrides):
         return []
     return [f'++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{max(1, runs.usable_cores() // args.jobs)}"']
@@ -786,13 +786,12 @@ def main(argv: list[str] | None = None) -> int:
         after: dict[str, dict[int, dict]] = {}
         for split in args.splits:
             for seed in args.seeds:
-                trained = [m for m in args.methods if run_label(m, seed) not in failed]
-                if not trained:
+                labels = {run_label(m, seed): m for m in args.methods if run_label(m, seed) not in failed}
+                if not labels:
                     continue
-                checkpoints = {run_label(m, seed): out / "checkpoints" / run_label(m, seed) for m in trained}
-                specs = [f"{run_label(m, seed)}={METHODS[m][0]}@{checkpoints[run_label(m, seed)]}" for m in trained]
-                fp = fingerprint(specs, args, {run_label(m, seed): warm[m] for m in trained}, seed, split, source, split_sha256[split],
-                                 trained={label: trained_id(folder) for label, folder in checkpoints.items()})
+                specs = [f"{label}={METHODS[m][0]}@{out / 'checkpoints' / label}" for label, m in labels.items()]
+                fp = fingerprint(specs, args, {label: warm[m] for label, m in labels.items()}, seed, split, source, split_sha256[split],
+                                 trained={label: trained_id(out / "checkpoints" / label) for label in labels})
                 after.setdefault(split, {})[seed] = evaluation(specs, args, out / "after" / split / f"s{seed}", seed, split, fp, swap=True)
     except (ReproduceError, runs.EvalError) as error:
         print(f"reproduce: {error}", file=sys.stderr)
