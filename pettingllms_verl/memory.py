@@ -58,10 +58,11 @@ class Estimate:
         return self.fixed + self.rows * self.per_row
 
 
-def server_bytes(model: ModelSize, rows: int, prompt: int, reply: int) -> int:
-    """One hf rollout server at its peak: the FP32 weights, the prefill cache of ``rows`` prompts and
-    the preallocated cache for prompt + reply it is copied into."""
-    return model.params * FP32 + rows * (2 * prompt + reply) * model.kv_bytes_per_token
+def server_bytes(model: ModelSize, rows: int, prompt: int, reply: int, folded: int = 0) -> int:
+    """One hf rollout server at its peak: the FP32 weights, the ``folded`` adapters' weights (each up
+    to a copy of the model: the adapted layers' weights with the adapter folded in), the prefill cache
+    of ``rows`` prompts and the preallocated cache for prompt + reply it is copied into."""
+    return model.params * FP32 * (1 + folded) + rows * (2 * prompt + reply) * model.kv_bytes_per_token
 
 
 def trainer_bytes(model: ModelSize, trainable: bool, reference: bool) -> int:

@@ -785,7 +785,10 @@ def estimate_memory(config: DictConfig) -> memory.Estimate | None:
         reply = int(_select(view, "actor_rollout_ref.rollout.response_length") or _select(view, "data.max_response_length") or 0)
         adapters = group == ADAPTER_GROUP
         reference = not adapters and bool(_select(view, "actor_rollout_ref.actor.use_kl_loss") or _select(view, "algorithm.use_kl_in_reward"))
-        fixed += replicas * memory.server_bytes(model, 0, prompt, reply)
+        # the hf engine folds each adapter into a copy of its layers' weights unless told not to (CPU default)
+        merge = _select(view, "actor_rollout_ref.rollout.engine_kwargs.hf.merge_adapters")
+        folded = len(settings.groups()[group]) if adapters and (merge is None or bool(merge)) else 0
+        fixed += replicas * memory.server_bytes(model, 0, prompt, reply, folded)
         fixed += memory.trainer_bytes(model, trainable=not adapters and (policy is None or policy.trainable), reference=reference)
         per_row += replicas * (2 * prompt + reply) * model.kv_bytes_per_token
         rows = max(rows, memory.rows_at_once(episodes, replicas, int(rollout.get("max_num_seqs") or 64)))

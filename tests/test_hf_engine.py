@@ -304,6 +304,64 @@ def test_a_call_with_one_adapter_runs_it_as_the_active_adapter(engine, adapters,
     assert activated == ["coder"]  # the base alone ran with the adapters disabled, not activated
 
 
+
+def test_a_folded_adapter_samples_as_the_adapter_with_no_adapter_matmul_and_leaves_the_base_intact(engine, adapters, chat_ids):
+    """merge_adapters: a one-adapter call runs on W + scale * B @ A (no lora_A/lora_B forward), with
+    that adapter's log-probs; the base weights are the base's again after the call, and a refreshed
+    adapter is folded anew."""
+    reference, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    engine.merge_adapters = True
+    prompts = [chat_ids(RULES + tail) for tail in ("A", "BB", "CCC")]
+    base = {name: t.clone() for name, t in engine._base_state().items()}
+    lora_calls = []
+    hooks = [m.register_forward_hook(lambda *_: lora_calls.append(1)) for n, m in engine.model.named_modules() if n.endswith("lora_A.coder")]
+    assert hooks
+
+    def check(adapter_reference):
+        torch.manual_seed(6)
+        outs = engine.generate(prompts, [SamplingSpec(max_tokens=8, temperature=0.7)] * 3, adapters=["coder"] * 3)
+        for prompt, out in zip(prompts, outs):
+            expected = reference_log_probs(adapter_reference, prompt, out.token_ids, temperature=0.7)
+            torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
+
+    reference.set_adapter("coder")
+    check(reference)
+    assert not lora_calls
+    assert all(torch.equal(base[name], t) for name, t in engine._base_state().items())
+    update = {name: t * 3.0 for name, t in tensors["coder"].items()}  # the adapter after a training step
+    engine.load_adapter("coder", update, LORA)
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(reference, update, adapter_name="coder")
+    check(reference)
+    assert not lora_calls
+    mixed = engine.generate(prompts[:2], [SamplingSpec(max_tokens=2)] * 2, adapters=["coder", "planner"])
+    assert len(mixed) == 2 and lora_calls  # several adapters in a call: peft's per-row forward, as before
+    for hook in hooks:
+        hook.remove()
+
+
+def test_an_adapter_that_does_not_fold_runs_as_the_active_adapter(engine, tiny_model_dir, chat_ids, monkeypatch):
+    """An embedding LoRA has no linear delta to fold: merge_adapters leaves it to peft's forward."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    lora = {**LORA, "target_modules": ["embed_tokens", "q_proj"]}
+    torch.manual_seed(7)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    reference = get_peft_model(base, LoraConfig(**lora), adapter_name="coder").eval()
+    engine.load_adapter("coder", get_peft_model_state_dict(reference, adapter_name="coder", save_embedding_layers=False), lora)
+    engine.merge_adapters = True
+    activated, activate = [], engine.model.set_adapter
+    monkeypatch.setattr(engine.model, "set_adapter", lambda name: (activated.append(name), activate(name))[1])
+    prompt = chat_ids(RULES + "A")
+    torch.manual_seed(8)
+    out = engine.generate([prompt] * 2, [SamplingSpec(max_tokens=8, temperature=0.7)] * 2, adapters=["coder"] * 2)[0]
+    assert activated == ["coder"]
+    expected = reference_log_probs(reference.to(engine.device), prompt, out.token_ids, temperature=0.7)
+    torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
+
+
 def test_adapter_log_probs_equal_a_direct_forward_with_that_adapter(engine, adapters, chat_ids):
     reference, tensors = adapters
     engine = with_adapters(engine, tensors)

@@ -167,6 +167,16 @@ def test_a_server_answers_calls_from_one_event_loop_after_another(rollout_config
     assert greedy() == first and server.generate_calls == 2
 
 
+def test_a_cpu_server_folds_adapters_unless_told_not_to(rollout_config, tiny_model_dir):
+    """``engine_kwargs.hf.merge_adapters``: on by default on CPU (a copy of the adapted weights per
+    adapter buys decode steps without adapter matmuls), off when the config says so."""
+    model = OmegaConf.create({"path": tiny_model_dir})
+    assert HFRolloutServer(rollout_config, model, 0).engine.merge_adapters
+    off = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=8, dtype="float32",
+                        engine_kwargs={"hf": {"merge_adapters": False}})
+    assert not HFRolloutServer(off, model, 0).engine.merge_adapters
+
+
 @pytest.mark.gpu
 def test_cuda_server_sleep_frees_the_device_and_wake_up_restores_it(rollout_config, tiny_model_dir, chat_ids):
     if not torch.cuda.is_available():

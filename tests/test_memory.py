@@ -100,3 +100,14 @@ def test_main_ppo_refuses_a_batch_that_cannot_fit_before_ray_starts(tmp_path, ti
     assert result.returncode == 2, result.stderr[-2000:]
     assert "config error in actor_rollout_ref.rollout.max_num_seqs: the run needs about" in result.stderr
     assert "Traceback" not in result.stderr and "ray init" not in result.stdout.lower()
+
+
+def test_folded_adapters_count_a_model_copy_each_on_their_server(tiny_model_dir):
+    """plan_path_mas_lora_cpu (L1, two adapters on one server): the hf engine folds each adapter into a
+    copy of the adapted weights (``engine_kwargs.hf.merge_adapters``, on by default on CPU); the
+    estimate counts up to a model copy per adapter, and none when folding is off."""
+    model = memory.ModelSize.of(tiny_model_dir)
+    folded, unfolded = (estimate_memory(composed("plan_path_mas_lora_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}", *extra))
+                        for extra in ((), ("++actor_rollout_ref.rollout.engine_kwargs.hf.merge_adapters=false",)))
+    assert folded.fixed - unfolded.fixed == 2 * model.params * 4
+    assert folded.per_row == unfolded.per_row

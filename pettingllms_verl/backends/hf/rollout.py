@@ -54,7 +54,8 @@ def quiet_gap(last_call_s: float | None) -> float:
 
 
 def _engine_kwargs(rollout_config: Any) -> dict:
-    """``actor_rollout_ref.rollout.engine_kwargs.hf`` (e.g. ``torch_threads``)."""
+    """``actor_rollout_ref.rollout.engine_kwargs.hf``: ``torch_threads`` (CPU, default 1) and
+    ``merge_adapters`` (a call of one LoRA adapter on weights with it folded in; default: on CPU only)."""
     return dict((rollout_config.engine_kwargs or {}).get(ROLLOUT_NAME) or {})
 
 
@@ -133,7 +134,12 @@ class HFRolloutServer:
         self.image_processor = AutoProcessor.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code).image_processor if vision else None
         print(f"hf rollout server {replica_rank}: model on {device} ({dtype}), {path}", flush=True)
         torch.manual_seed(int(rollout_config.seed) + replica_rank)
-        self.engine = HFGenerationEngine(model, tokenizer, max_batch_size=int(rollout_config.max_num_seqs or 64))
+        # folded adapters cost a copy of the adapted weights per adapter: the default on CPU, where the
+        # decode loop's adapter matmuls cost most and memory is plentiful; opt in on CUDA
+        merge_adapters = bool(_engine_kwargs(rollout_config).get("merge_adapters", device == "cpu"))
+        self.engine = HFGenerationEngine(
+            model, tokenizer, max_batch_size=int(rollout_config.max_num_seqs or 64), merge_adapters=merge_adapters
+        )
         self.device = device
         self.dtype = dtype
         # verl sleeps the replica every step but wakes it only when free_cache_engine is set.
