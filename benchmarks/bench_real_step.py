@@ -1,0 +1,105 @@
+"""The real model's training step: a LoRA adapter per role (the recipe) against full fine-tuning
+without sharing (the baseline), side by side on one machine.
+
+Runs Plan-Path 6x6 MAS AT-GRPO through ``python -m verl.trainer.main_ppo`` on SmolLM2-135M-Instruct
+(``make real-model`` converts it; ``$PETTINGLLMS_ARTIFACTS/smollm2_135m``), one run after another on
+the same rows (2 problems x K = 4 x 2 roles x <= 2 turns per step):
+- ``baseline``: ``plan_path_mas_atgrpo_cpu`` with the model path set to SmolLM2 and
+  ``actor_rollout_ref.actor.use_prefix_grouper=false`` (full fine-tuning, every row's prompt whole);
+- ``recipe``: ``plan_path_mas_lora_smollm2_cpu`` as shipped;
+- ``recipe, adapters unfolded``: the recipe with the rollout serving each adapter as peft's active
+  adapter (``engine_kwargs.hf.merge_adapters=false``), what it did before adapters were folded.
+
+No checkpoints, no validation. The figure is the second step's ``timing_s/*`` (the first warms up),
+and the step's ratio to the baseline's. Run it with nothing else on the machine.
+
+    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded] [--out benchmarks/results/real_step.json]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMON = ["trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.resume_mode=disable"]
+RUNS = {  # name -> (label, recipe, steps, overrides)
+    "baseline": ("baseline: full fine-tuning, no shared prefix", "plan_path_mas_atgrpo_cpu", 2,
+                 ["actor_rollout_ref.model.path={root}/smollm2_135m", "actor_rollout_ref.actor.use_prefix_grouper=false"]),
+    "recipe": ("plan_path_mas_lora_smollm2_cpu", "plan_path_mas_lora_smollm2_cpu", 3, []),
+    "unfolded": ("the recipe, adapters unfolded in the rollout", "plan_path_mas_lora_smollm2_cpu", 3,
+                 ["++actor_rollout_ref.rollout.engine_kwargs.hf.merge_adapters=false"]),
+}
+PARTS = ("step", "gen", "old_log_prob", "update_actor", "update_weights")  # timing_s/<part>
+TIMED_STEP = 2
+
+
+def prepare(root: str) -> None:
+    """The real model (linked from the artifacts) and the Plan-Path 6x6 splits under ``root``."""
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+    from pettingllms_verl.models import smollm2
+
+    model = os.path.join(smollm2.artifacts_dir(), smollm2.FOLDER)
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        sys.exit(f"{model}: the real model is not converted; run `make real-model` (or set PETTINGLLMS_ARTIFACTS to where it is)")
+    os.symlink(model, os.path.join(root, smollm2.FOLDER))
+    for split, rows in generate_splits("plan_path", {"train": 64, "val": 4, "test": 4}, {"size": 6}, log=lambda _: None).items():
+        write_parquet(rows, os.path.join(root, "data", "plan_path_6x6", f"{split}.parquet"))
+
+
+def run(root: str, name: str) -> dict:
+    """One run through main_ppo; its timed step's ``timing_s/*``."""
+    _, recipe, steps, overrides = RUNS[name]
+    log = os.path.join(root, f"{name}.jsonl")
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"), "--config-name", recipe,
+               f"trainer.total_training_steps={steps}", *COMMON, *(override.format(root=root) for override in overrides)]
+    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": root, "VERL_FILE_LOGGER_PATH": log, "HF_HUB_OFFLINE": "1"}
+    started = time.monotonic()
+    print(f"[{name}] {recipe}, {steps} steps ...", flush=True)
+    with open(os.path.join(root, f"{name}.log"), "w") as output:
+        result = subprocess.run(command, cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        sys.exit(f"[{name}] main_ppo exited {result.returncode}; its output: {os.path.join(root, name + '.log')}")
+    steps_logged = {record["step"]: record["data"] for record in map(json.loads, open(log))}
+    timed = steps_logged[TIMED_STEP]
+    print(f"[{name}] done in {time.monotonic() - started:.0f} s", flush=True)
+    return {f"{part}_s": timed.get(f"timing_s/{part}", 0.0) for part in PARTS} | {
+        "steps_s": [steps_logged[step]["timing_s/step"] for step in sorted(steps_logged)],
+        "token_frac": timed.get("actor/shared_prefix/token_frac"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (baseline first: the ratios)")
+    parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "real_step.json"))
+    args = parser.parse_args()
+    names = args.runs.split(",")
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        sys.exit(f"--runs: unknown {unknown}; from: {list(RUNS)}")
+    root = tempfile.mkdtemp(prefix="bench_real_step_")
+    prepare(root)
+    rows = []
+    for name in names:
+        rows.append({"run": name, "setting": RUNS[name][0], **run(root, name)})
+    baseline = next((row for row in rows if row["run"] == "baseline"), None)
+    print(f"\nsecond step's timing_s/* (s), {time.strftime('%Y-%m-%d')}, {os.cpu_count()} logical CPUs")
+    print(f"{'setting':<48} {'step':>7} {'gen':>7} {'old lp':>7} {'update':>7} {'sync':>6} {'vs base':>8}")
+    for row in rows:
+        row["step_vs_baseline"] = row["step_s"] / baseline["step_s"] if baseline else None
+        ratio = f"{row['step_vs_baseline']:.3f}x" if baseline else "-"
+        print(f"{row['setting']:<48} {row['step_s']:>7.1f} {row['gen_s']:>7.1f} {row['old_log_prob_s']:>7.2f} "
+              f"{row['update_actor_s']:>7.1f} {row['update_weights_s']:>6.2f} {ratio:>8}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
