@@ -10,10 +10,13 @@ the same rows (2 problems x K = 4 x 2 roles x <= 2 turns per step):
 - ``recipe, adapters unfolded``: the recipe with the rollout serving each adapter as peft's active
   adapter (``engine_kwargs.hf.merge_adapters=false``), what it did before adapters were folded.
 
-No checkpoints, no validation. The figure is the second step's ``timing_s/*`` (the first warms up),
-and the step's ratio to the baseline's. Run it with nothing else on the machine.
+No checkpoints, no validation. The figure is the second step's ``timing_s/*`` (the first warms up)
+and its ratio to the baseline's. Each run samples its own replies, so the steps compared differ in
+length; the step's time per token (``perf/total_num_tokens``, prompts and replies) is the ratio of
+the same work. Run it with nothing else on the machine.
 
     python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded] [--out benchmarks/results/real_step.json]
+    python benchmarks/bench_real_step.py --logs DIR   # the table again from a run's logs (DIR/<run>.jsonl)
 """
 
 import argparse
@@ -64,11 +67,20 @@ def run(root: str, name: str) -> dict:
         result = subprocess.run(command, cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT)
     if result.returncode != 0:
         sys.exit(f"[{name}] main_ppo exited {result.returncode}; its output: {os.path.join(root, name + '.log')}")
+    print(f"[{name}] done in {time.monotonic() - started:.0f} s", flush=True)
+    return figures(log)
+
+
+def figures(log: str) -> dict:
+    """A run's timed step from its file log: ``timing_s/*``, tokens, and every step's time and time per token."""
     steps_logged = {record["step"]: record["data"] for record in map(json.loads, open(log))}
     timed = steps_logged[TIMED_STEP]
-    print(f"[{name}] done in {time.monotonic() - started:.0f} s", flush=True)
+    per_token = {step: 1000 * data["timing_s/step"] / data["perf/total_num_tokens"] for step, data in steps_logged.items()}
     return {f"{part}_s": timed.get(f"timing_s/{part}", 0.0) for part in PARTS} | {
+        "tokens": timed["perf/total_num_tokens"],
+        "ms_per_token": per_token[TIMED_STEP],
         "steps_s": [steps_logged[step]["timing_s/step"] for step in sorted(steps_logged)],
+        "steps_ms_per_token": [per_token[step] for step in sorted(steps_logged)],
         "token_frac": timed.get("actor/shared_prefix/token_frac"),
     }
 
@@ -77,24 +89,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (baseline first: the ratios)")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "real_step.json"))
+    parser.add_argument("--logs", help="a folder with the runs' file logs (<run>.jsonl): print and write the table from them, run nothing")
     args = parser.parse_args()
     names = args.runs.split(",")
     unknown = sorted(set(names) - set(RUNS))
     if unknown:
         sys.exit(f"--runs: unknown {unknown}; from: {list(RUNS)}")
-    root = tempfile.mkdtemp(prefix="bench_real_step_")
-    prepare(root)
-    rows = []
-    for name in names:
-        rows.append({"run": name, "setting": RUNS[name][0], **run(root, name)})
+    if args.logs:
+        rows = [{"run": name, "setting": RUNS[name][0], **figures(os.path.join(args.logs, f"{name}.jsonl"))} for name in names]
+    else:
+        root = tempfile.mkdtemp(prefix="bench_real_step_")
+        prepare(root)
+        rows = [{"run": name, "setting": RUNS[name][0], **run(root, name)} for name in names]
     baseline = next((row for row in rows if row["run"] == "baseline"), None)
     print(f"\nsecond step's timing_s/* (s), {time.strftime('%Y-%m-%d')}, {os.cpu_count()} logical CPUs")
-    print(f"{'setting':<48} {'step':>7} {'gen':>7} {'old lp':>7} {'update':>7} {'sync':>6} {'vs base':>8}")
+    print(f"{'setting':<46} {'step':>6} {'gen':>6} {'old lp':>6} {'update':>6} {'sync':>5} {'tokens':>6} {'ms/tok':>6} {'step/base':>9} {'per token':>9}")
     for row in rows:
         row["step_vs_baseline"] = row["step_s"] / baseline["step_s"] if baseline else None
-        ratio = f"{row['step_vs_baseline']:.3f}x" if baseline else "-"
-        print(f"{row['setting']:<48} {row['step_s']:>7.1f} {row['gen_s']:>7.1f} {row['old_log_prob_s']:>7.2f} "
-              f"{row['update_actor_s']:>7.1f} {row['update_weights_s']:>6.2f} {ratio:>8}")
+        row["per_token_vs_baseline"] = row["ms_per_token"] / baseline["ms_per_token"] if baseline else None
+        ratios = (f"{row['step_vs_baseline']:>8.3f}x {row['per_token_vs_baseline']:>8.3f}x" if baseline else f"{'-':>9} {'-':>9}")
+        print(f"{row['setting']:<46} {row['step_s']:>6.1f} {row['gen_s']:>6.1f} {row['old_log_prob_s']:>6.2f} {row['update_actor_s']:>6.1f} "
+              f"{row['update_weights_s']:>5.2f} {row['tokens']:>6} {row['ms_per_token']:>6.2f} {ratios}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=2)
