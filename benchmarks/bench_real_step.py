@@ -3,7 +3,7 @@ without sharing (the baseline), side by side on one machine.
 
 Runs Plan-Path 6x6 MAS AT-GRPO through ``python -m verl.trainer.main_ppo`` on SmolLM2-135M-Instruct
 (``make real-model`` converts it; ``$PETTINGLLMS_ARTIFACTS/smollm2_135m``), one run after another on
-the same rows (2 problems x K = 4 x 2 roles x <= 2 turns per step):
+the same problems (2 problems x K = 4 x 2 roles x <= 2 turns per step):
 - ``baseline``: ``plan_path_mas_atgrpo_cpu`` with the model path set to SmolLM2 and
   ``actor_rollout_ref.actor.use_prefix_grouper=false`` (full fine-tuning, every row's prompt whole);
 - ``recipe``: ``plan_path_mas_lora_smollm2_cpu`` as shipped;
@@ -12,8 +12,8 @@ the same rows (2 problems x K = 4 x 2 roles x <= 2 turns per step):
 
 No checkpoints, no validation. The figure is the second step's ``timing_s/*`` (the first warms up)
 and its ratio to the baseline's. Each run samples its own replies, so the steps compared differ in
-length; the step's time per token (``perf/total_num_tokens``, prompts and replies) is the ratio of
-the same work. Run it with nothing else on the machine.
+length; the step's time per token (``perf/total_num_tokens``, prompts and replies) depends less on
+what a step drew (generation does not scale with it). Run it with nothing else on the machine.
 
     python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded] [--out benchmarks/results/real_step.json]
     python benchmarks/bench_real_step.py --logs DIR   # the table again from a run's logs (DIR/<run>.jsonl)
@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.resume_mode=disable"]
 RUNS = {  # name -> (label, recipe, steps, overrides)
     "baseline": ("baseline: full fine-tuning, no shared prefix", "plan_path_mas_atgrpo_cpu", 2,
-                 ["actor_rollout_ref.model.path={root}/smollm2_135m", "actor_rollout_ref.actor.use_prefix_grouper=false"]),
+                 ["actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.use_prefix_grouper=false"]),
     "recipe": ("plan_path_mas_lora_smollm2_cpu", "plan_path_mas_lora_smollm2_cpu", 3, []),
     "unfolded": ("the recipe, adapters unfolded in the rollout", "plan_path_mas_lora_smollm2_cpu", 3,
                  ["++actor_rollout_ref.rollout.engine_kwargs.hf.merge_adapters=false"]),
@@ -49,17 +49,19 @@ def prepare(root: str) -> None:
     model = os.path.join(smollm2.artifacts_dir(), smollm2.FOLDER)
     if not os.path.isfile(os.path.join(model, "config.json")):
         sys.exit(f"{model}: the real model is not converted; run `make real-model` (or set PETTINGLLMS_ARTIFACTS to where it is)")
-    os.symlink(model, os.path.join(root, smollm2.FOLDER))
+    os.symlink(model, os.path.join(root, smollm2.FOLDER))  # where the recipe's model path points
     for split, rows in generate_splits("plan_path", {"train": 64, "val": 4, "test": 4}, {"size": 6}, log=lambda _: None).items():
         write_parquet(rows, os.path.join(root, "data", "plan_path_6x6", f"{split}.parquet"))
 
 
 def run(root: str, name: str) -> dict:
     """One run through main_ppo; its timed step's ``timing_s/*``."""
+    from pettingllms_verl.models import smollm2
+
     _, recipe, steps, overrides = RUNS[name]
     log = os.path.join(root, f"{name}.jsonl")
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"), "--config-name", recipe,
-               f"trainer.total_training_steps={steps}", *COMMON, *(override.format(root=root) for override in overrides)]
+               f"trainer.total_training_steps={steps}", *COMMON, *(override.format(model=os.path.join(root, smollm2.FOLDER)) for override in overrides)]
     env = {**os.environ, "PETTINGLLMS_ARTIFACTS": root, "VERL_FILE_LOGGER_PATH": log, "HF_HUB_OFFLINE": "1"}
     started = time.monotonic()
     print(f"[{name}] {recipe}, {steps} steps ...", flush=True)
@@ -73,7 +75,8 @@ def run(root: str, name: str) -> dict:
 
 def figures(log: str) -> dict:
     """A run's timed step from its file log: ``timing_s/*``, tokens, and every step's time and time per token."""
-    steps_logged = {record["step"]: record["data"] for record in map(json.loads, open(log))}
+    with open(log) as f:
+        steps_logged = {record["step"]: record["data"] for record in map(json.loads, f)}
     timed = steps_logged[TIMED_STEP]
     per_token = {step: 1000 * data["timing_s/step"] / data["perf/total_num_tokens"] for step, data in steps_logged.items()}
     return {f"{part}_s": timed.get(f"timing_s/{part}", 0.0) for part in PARTS} | {
@@ -87,7 +90,7 @@ def figures(log: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (baseline first: the ratios)")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (the ratios are to baseline's)")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "real_step.json"))
     parser.add_argument("--logs", help="a folder with the runs' file logs (<run>.jsonl): print and write the table from them, run nothing")
     args = parser.parse_args()
@@ -97,12 +100,14 @@ def main() -> None:
         sys.exit(f"--runs: unknown {unknown}; from: {list(RUNS)}")
     if args.logs:
         rows = [{"run": name, "setting": RUNS[name][0], **figures(os.path.join(args.logs, f"{name}.jsonl"))} for name in names]
+        taken = time.strftime("%Y-%m-%d", time.localtime(os.path.getmtime(os.path.join(args.logs, f"{names[0]}.jsonl"))))
     else:
         root = tempfile.mkdtemp(prefix="bench_real_step_")
         prepare(root)
         rows = [{"run": name, "setting": RUNS[name][0], **run(root, name)} for name in names]
+        taken = time.strftime("%Y-%m-%d")
     baseline = next((row for row in rows if row["run"] == "baseline"), None)
-    print(f"\nsecond step's timing_s/* (s), {time.strftime('%Y-%m-%d')}, {os.cpu_count()} logical CPUs")
+    print(f"\nsecond step's timing_s/* (s), runs of {taken}" + ("" if args.logs else f", {os.cpu_count()} logical CPUs"))
     print(f"{'setting':<46} {'step':>6} {'gen':>6} {'old lp':>6} {'update':>6} {'sync':>5} {'tokens':>6} {'ms/tok':>6} {'step/base':>9} {'per token':>9}")
     for row in rows:
         row["step_vs_baseline"] = row["step_s"] / baseline["step_s"] if baseline else None

@@ -304,11 +304,12 @@ def test_a_call_with_one_adapter_runs_it_as_the_active_adapter(engine, adapters,
     assert activated == ["coder"]  # the base alone ran with the adapters disabled, not activated
 
 
-
 def test_a_folded_adapter_samples_as_the_adapter_with_no_adapter_matmul_and_leaves_the_base_intact(engine, adapters, chat_ids):
     """merge_adapters: a one-adapter call runs on W + scale * B @ A (no lora_A/lora_B forward), with
     that adapter's log-probs; the base weights are the base's again after the call, and a refreshed
     adapter is folded anew."""
+    from peft import set_peft_model_state_dict
+
     reference, tensors = adapters
     engine = with_adapters(engine, tensors)
     engine.merge_adapters = True
@@ -331,15 +332,45 @@ def test_a_folded_adapter_samples_as_the_adapter_with_no_adapter_matmul_and_leav
     assert all(torch.equal(base[name], t) for name, t in engine._base_state().items())
     update = {name: t * 3.0 for name, t in tensors["coder"].items()}  # the adapter after a training step
     engine.load_adapter("coder", update, LORA)
-    from peft import set_peft_model_state_dict
-
     set_peft_model_state_dict(reference, update, adapter_name="coder")
     check(reference)
     assert not lora_calls
     mixed = engine.generate(prompts[:2], [SamplingSpec(max_tokens=2)] * 2, adapters=["coder", "planner"])
     assert len(mixed) == 2 and lora_calls  # several adapters in a call: peft's per-row forward, as before
-    for hook in hooks:
+
+
+def test_a_failed_folded_call_restores_the_base_and_a_base_update_is_folded_anew(engine, adapters, updated_actor, chat_ids):
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    _, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    engine.merge_adapters = True
+    prompts = [chat_ids(RULES + tail) for tail in ("A", "BB")]
+    spec = SamplingSpec(max_tokens=6, temperature=0.7)
+    base = {name: t.clone() for name, t in engine._base_state().items()}
+
+    def fail(*_):
+        raise RuntimeError("forward failed")
+
+    hook = engine.base_model.register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="forward failed"):
+            engine.generate(prompts, [spec] * 2, adapters=["coder"] * 2)
+    finally:
         hook.remove()
+    assert all(torch.equal(base[name], t) for name, t in engine._base_state().items())  # the folded tensors swapped back out
+
+    engine.generate(prompts, [spec] * 2, adapters=["coder"] * 2)  # folded on the old base
+    actor = updated_actor(prompts[0])
+    engine.load_weights(dict(actor.state_dict()))
+    reference = get_peft_model(actor, LoraConfig(**LORA), adapter_name="coder").eval()
+    set_peft_model_state_dict(reference, tensors["coder"], adapter_name="coder")
+    reference = reference.to(engine.device)
+    torch.manual_seed(9)
+    outs = engine.generate(prompts, [spec] * 2, adapters=["coder"] * 2)
+    for prompt, out in zip(prompts, outs):
+        expected = reference_log_probs(reference, prompt, out.token_ids, temperature=0.7)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
 
 
 def test_an_adapter_that_does_not_fold_runs_as_the_active_adapter(engine, tiny_model_dir, chat_ids, monkeypatch):
@@ -360,6 +391,26 @@ def test_an_adapter_that_does_not_fold_runs_as_the_active_adapter(engine, tiny_m
     assert activated == ["coder"]
     expected = reference_log_probs(reference.to(engine.device), prompt, out.token_ids, temperature=0.7)
     torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_adapters_on_bf16_or_tied_weights_are_not_folded(engine, adapters, tiny_model_dir):
+    """Folding rounds into the weight's dtype (bf16 would lose a young adapter's small delta) and
+    swaps the weight tensor (a tied weight would change its twin): both keep peft's forward."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    _, tensors = adapters
+    engine = with_adapters(engine, tensors)
+    assert engine._folded("coder")  # fp32, untied: folded
+    engine.model.to(torch.bfloat16)
+    engine._folded_weights.clear()
+    assert engine._folded("coder") is None
+    tied = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tied.lm_head.weight = tied.get_input_embeddings().weight  # as a model with tie_word_embeddings holds them
+    engine = HFGenerationEngine(tied, AutoTokenizer.from_pretrained(tiny_model_dir), merge_adapters=True)
+    lora = {**LORA, "target_modules": ["q_proj", "lm_head"]}
+    source = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), LoraConfig(**lora), adapter_name="coder")
+    engine.load_adapter("coder", get_peft_model_state_dict(source, adapter_name="coder"), lora)
+    assert engine._folded("coder") is None
 
 
 def test_adapter_log_probs_equal_a_direct_forward_with_that_adapter(engine, adapters, chat_ids):

@@ -367,18 +367,23 @@ class HFGenerationEngine:
 
     def _folded(self, name: str) -> dict[torch.nn.Parameter, torch.Tensor] | None:
         """Adapter ``name`` folded into its layers' base weights: base weight -> ``W + scale * B @ A``
-        (peft's ``get_delta_weight``, the delta its own merge adds), built on first use after a refresh;
-        None when a layer is not a plain LoRA linear (a variant such as DoRA, a LoRA bias, an
-        embedding): the adapter then runs as peft's active adapter."""
+        (peft's ``get_delta_weight``, the delta its own merge adds), built on first use after a refresh.
+        None, and the adapter runs as peft's active adapter, when a layer is not a plain LoRA linear (a
+        variant such as DoRA, a LoRA bias, an embedding), its weight is tied to another module's (the
+        swap would change both), or not fp32 (bf16 would round a young adapter's small delta away)."""
         if name not in self._folded_weights:
             folded: dict[torch.nn.Parameter, torch.Tensor] | None = {}
+            seen: dict[int, int] = {}
+            for _, parameter in self.model.named_parameters(remove_duplicate=False):
+                seen[id(parameter)] = seen.get(id(parameter), 0) + 1
             for module in self.model.modules():
                 if name not in getattr(module, "lora_A", {}) and name not in getattr(module, "lora_embedding_A", {}):
                     continue
-                if type(module) is not LoraLinear or name in module.lora_variant or module.lora_bias[name]:
+                weight = getattr(module.get_base_layer(), "weight", None)
+                if (type(module) is not LoraLinear or name in module.lora_variant or module.lora_bias[name]
+                        or weight.dtype != torch.float32 or seen.get(id(weight), 0) > 1):
                     folded = None
                     break
-                weight = module.get_base_layer().weight
                 folded[weight] = weight.data + module.get_delta_weight(name).to(weight.dtype)
             self._folded_weights[name] = folded
         return self._folded_weights[name]
@@ -412,10 +417,10 @@ class HFGenerationEngine:
         sent: a silent mismatch would leave the rollout sampling from stale weights (off-policy
         without anyone noticing).
         """
-        state = self._base_state()
+        names = set(self._base_state())
         # a LoRA-enabled trainer names adapted layers' weights `<layer>.base_layer.weight`
         named_tensors = {_base_name(name): tensor for name, tensor in named_tensors.items()}
-        unknown = sorted(set(named_tensors) - set(state))
+        unknown = sorted(set(named_tensors) - names)
         if unknown:
             raise KeyError(f"hf rollout: {len(unknown)} weight names not in the rollout model, e.g. {unknown[:3]}")
         parameters = {_base_name(name) for name, _ in self.base_model.named_parameters() if "lora_" not in name}
@@ -423,9 +428,10 @@ class HFGenerationEngine:
         if unsent:
             raise KeyError(f"hf rollout: the update leaves {len(unsent)} parameters stale, e.g. {unsent[:3]}")
         with self._lock, torch.no_grad():
+            self._folded_weights.clear()  # folded into the old base weights
+            state = self._base_state()  # under the lock: a folded call swaps the adapted layers' tensors
             for name, tensor in named_tensors.items():
                 state[name].copy_(tensor.to(device=state[name].device, dtype=state[name].dtype))
-            self._folded_weights.clear()  # folded into the old base weights
         return len(named_tensors)
 
     def _base_state(self) -> dict[str, torch.Tensor]:
@@ -444,6 +450,7 @@ class HFGenerationEngine:
                 self.model = get_peft_model(self.model, LoraConfig(**config), adapter_name=name)
             elif name not in self.model.peft_config:
                 self.model.add_adapter(name, LoraConfig(**config))
+            self._folded_weights.pop(name, None)  # folded from its old tensors (even if this update is refused below)
             own = {key for key in self.model.state_dict() if adapter_of(key) == name}
             result = set_peft_model_state_dict(self.model, dict(named_tensors), adapter_name=name)
             if result.unexpected_keys:
@@ -452,7 +459,6 @@ class HFGenerationEngine:
             if stale:
                 raise KeyError(f"hf rollout: adapter {name!r}: the update leaves {len(stale)} tensors stale, e.g. {stale[:3]}")
             self.model.eval()
-            self._folded_weights.pop(name, None)  # folded from its old tensors
         return len(named_tensors)
 
 
