@@ -417,19 +417,18 @@ class HFGenerationEngine:
         sent: a silent mismatch would leave the rollout sampling from stale weights (off-policy
         without anyone noticing).
         """
-        names = set(self._base_state())
         # a LoRA-enabled trainer names adapted layers' weights `<layer>.base_layer.weight`
         named_tensors = {_base_name(name): tensor for name, tensor in named_tensors.items()}
-        unknown = sorted(set(named_tensors) - names)
-        if unknown:
-            raise KeyError(f"hf rollout: {len(unknown)} weight names not in the rollout model, e.g. {unknown[:3]}")
-        parameters = {_base_name(name) for name, _ in self.base_model.named_parameters() if "lora_" not in name}
-        unsent = sorted(name for name in parameters if name not in named_tensors)
-        if unsent:
-            raise KeyError(f"hf rollout: the update leaves {len(unsent)} parameters stale, e.g. {unsent[:3]}")
         with self._lock, torch.no_grad():
-            self._folded_weights.clear()  # folded into the old base weights
             state = self._base_state()  # under the lock: a folded call swaps the adapted layers' tensors
+            unknown = sorted(set(named_tensors) - set(state))
+            if unknown:
+                raise KeyError(f"hf rollout: {len(unknown)} weight names not in the rollout model, e.g. {unknown[:3]}")
+            parameters = {_base_name(name) for name, _ in self.base_model.named_parameters() if "lora_" not in name}
+            unsent = sorted(name for name in parameters if name not in named_tensors)
+            if unsent:
+                raise KeyError(f"hf rollout: the update leaves {len(unsent)} parameters stale, e.g. {unsent[:3]}")
+            self._folded_weights.clear()  # folded into the old base weights
             for name, tensor in named_tensors.items():
                 state[name].copy_(tensor.to(device=state[name].device, dtype=state[name].dtype))
         return len(named_tensors)
