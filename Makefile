@@ -174,17 +174,25 @@ reproduce-program: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/d
 REAL_SFT_STEPS ?= 60
 REAL_SEEDS ?= 0,1,2
 REAL_TEST ?= 256
+# REAL_ARCHIVE=DIR (python -m pettingllms_verl.eval.reproduce --archive): what outlives this machine, kept as it
+# finishes; a warm start kept there is copied back rather than trained again (SFT elsewhere need not give its weights)
+REAL_ARCHIVE ?=
 $(ARTIFACTS)/smollm2_135m_%_adapter/adapter_config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/smollm2_135m/config.json
 	rm -rf $(@D)
-	$(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/smollm2_135m --out $(@D) --roles $* --workflows mas --episodes 500 \
-	    --steps $(REAL_SFT_STEPS) --batch-size 8 --lr 1e-3 --lora-rank 8 --lora-alpha 16 --p-correct '$(REPRO_DEMOS)' --env-kwargs '$(REPRO_ENV)'
+	@if [ -n "$(REAL_ARCHIVE)" ] && [ -f "$(REAL_ARCHIVE)/warm/$(notdir $(@D))/warm_start.json" ]; then \
+	    cp -r "$(REAL_ARCHIVE)/warm/$(notdir $(@D))" $(@D) && touch $@ && echo "$(@D): copied from $(REAL_ARCHIVE)/warm (the warm start its runs were made from)"; \
+	else \
+	    $(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/smollm2_135m --out $(@D) --roles $* --workflows mas --episodes 500 \
+	        --steps $(REAL_SFT_STEPS) --batch-size 8 --lr 1e-3 --lora-rank 8 --lora-alpha 16 --p-correct '$(REPRO_DEMOS)' --env-kwargs '$(REPRO_ENV)'; \
+	fi
 
 real-warm-start: $(ARTIFACTS)/smollm2_135m_tool_adapter/adapter_config.json $(ARTIFACTS)/smollm2_135m_plan_adapter/adapter_config.json  ## the real model's LoRA adapter per role, warm-started by verl's SFT trainer
 
 # --jobs 1: the trained and swapped evaluations one after the other, each with both cores, so that one
 # rollout server (up to ~7 GB) is in memory at a time
 reproduce-real: real-warm-start data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## the real model (SmolLM2-135M, an adapter per role) on the reproduction's task, before and after AT-GRPO
-	$(PY) -m pettingllms_verl.eval.reproduce --methods real --seeds $(REAL_SEEDS) --episodes $(REAL_TEST) --jobs 1 --out $(ARTIFACTS)/reproduce_real
+	$(PY) -m pettingllms_verl.eval.reproduce --methods real --seeds $(REAL_SEEDS) --episodes $(REAL_TEST) --jobs 1 --out $(ARTIFACTS)/reproduce_real \
+	    $(if $(REAL_ARCHIVE),--archive $(REAL_ARCHIVE))
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)
 # and continues the step count. The command is printed with the environment it needs, so that it

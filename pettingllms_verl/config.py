@@ -47,6 +47,7 @@ ADAPTERS_KEY = "pettingllms_adapters"
 VLLM_PER_POLICY = "vllm_multilora"
 # the checkpoint layout of the mas_sync trainer (read by the evaluation)
 POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per worker group
+EXPORT_DIR = "lora_adapters"  # global_step_N/policies/lora/lora_adapters/<name>/: each adapter in peft format, servable alone
 CRITICS_DIR = "critics"  # global_step_N/critics/<group>/: the value model of each group that has one (gae)
 VAL_METRICS = "val_metrics.json"  # global_step_N/val_metrics.json: the validation of that step's weights
 # a training row's field (and tag): the temperature its reply was sampled at, which its log-probs use

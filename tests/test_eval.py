@@ -80,6 +80,32 @@ def test_checkpoint_of_another_model_or_other_policies(env, capsys):
     assert "no policy 'tool_policy'" in err and "['shared']" in err
 
 
+def test_a_step_kept_as_its_adapters_alone_plays_the_recipes_base_with_each_adapter_from_the_step(env, capsys):
+    """A step of an L1 run kept without verl's checkpoint (``reproduce --archive``): no resume, each
+    adapter policy loaded from the step's peft export; one that lacks an adapter, or a recipe with a
+    full model, is refused before anything runs."""
+    recipe, ours = "plan_path_mas_lora_cpu", json.load(open(env / "tiny_model_plan_path" / "config.json"))
+    step = fake_step(env / "ckpt_adapters", 1, {"lora": ours}, 0.5)
+    exported = step / "policies" / "lora" / "lora_adapters"
+    for name in ("tool_adapter", "plan_adapter"):
+        (exported / name).mkdir(parents=True)
+        (exported / name / "adapter_config.json").write_text("{}")
+    assert runs.adapters_only(str(step))
+    run = runs.Run("l1", recipe, runs.compose(recipe, [], runs.RECIPES_DIR), "plan_path", "x.parquet", str(step))
+    args = runs.main_ppo_overrides(run, None, "/tmp/x")
+    assert "trainer.resume_mode=disable" in args and not any(a.startswith("trainer.resume_from_path") for a in args)
+    played = runs.compose(recipe, args, runs.RECIPES_DIR)
+    assert {name: played.pettingllms.policies[name].adapter.path for name in ("tool_adapter", "plan_adapter")} == {
+        name: str(exported / name) for name in ("tool_adapter", "plan_adapter")}
+    runs.check_checkpoint(str(step), run.config, recipe)  # whole: no error
+    (step / "policies" / "lora" / "model_world_size_1_rank_0.pt").write_bytes(b"")  # verl's checkpoint beside it: resumed from
+    assert not runs.adapters_only(str(step)) and f"trainer.resume_from_path={step}" in runs.main_ppo_overrides(run, None, "/tmp/x")
+    (step / "policies" / "lora" / "model_world_size_1_rank_0.pt").unlink()
+    (exported / "plan_adapter" / "adapter_config.json").unlink()
+    assert "needs adapters ['plan_adapter'] it lacks" in error_of(capsys, f"{recipe}@{step}")
+    assert "has full-model policies (plan_policy, tool_policy)" in error_of(capsys, f"{RECIPE}@{step}")
+
+
 def test_unknown_environment_recipe_and_split(env, capsys):
     err = error_of(capsys, "--envs", "plan_pth")
     assert "unknown environment 'plan_pth'" in err and "plan_path" in err.split("environments:")[1]

@@ -106,6 +106,38 @@ def test_sigkill_mid_step_then_resume_continues_every_adapter_and_validates_them
     assert any(key.startswith("swap/val-core/") for key in validation) and any(key.startswith("val-core/") for key in validation)
 
 
+def test_a_step_kept_as_its_adapters_alone_is_evaluated_through_main_ppo_with_each_adapter_from_it(l1_run, artifacts):
+    """What ``reproduce --archive`` keeps of an L1 run (its validation and each adapter's peft export, not
+    verl's checkpoint) plays through ``pettingllms-eval``: the recipe's base with each adapter loaded from
+    the step, each role served by its own adapter."""
+    import json
+    import os
+    import shutil
+    import sys
+
+    import launch
+    from test_mas_e2e import RECIPES
+
+    step = artifacts / "checkpoints" / RECIPE / "global_step_4"  # validated (test_freq=4) by the resumed run
+    slim = artifacts / "adapters_only" / "global_step_4"
+    shutil.copytree(step / "policies" / "lora" / "lora_adapters", slim / "policies" / "lora" / "lora_adapters")
+    shutil.copy2(step / "val_metrics.json", slim / "val_metrics.json")
+    out = artifacts / "eval_adapters_only"
+    result = launch.run(
+        [sys.executable, "-m", "pettingllms_verl.eval", f"l1={RECIPE}@{slim.parent}", "--episodes", "2", "--swap", "none",
+         "--out", str(out), "--recipes", RECIPES],
+        timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.load(open(out / "results.json"))["rows"]
+    assert row["step"] == 4 and row["episodes"] == 2
+    log = (out / "runs" / "l1" / "main_ppo.log").read_text()
+    for name in POLICY_OF.values():
+        assert str(slim / "policies" / "lora" / "lora_adapters" / name) in log  # the adapter it started from
+    for episode in (json.loads(line) for line in open(out / "episodes.jsonl")):
+        assert episode["served_by"] == {role: [policy] for role, policy in POLICY_OF.items()}
+
+
 @pytest.fixture(scope="module")
 def code_artifacts(artifacts, warm_model):
     """The tiny model warm-started on code replies, and problems on which every warm-start program

@@ -288,6 +288,7 @@ def test_a_resumed_run_keeps_its_whole_curve_once_though_verls_file_logger_start
         with open(env["VERL_FILE_LOGGER_PATH"], "w") as log:
             log.writelines(json.dumps({"step": step, "data": {"mas/success": step / 10}}) + "\n" for step in range(first, last + 1))
             log.write('{"step": ')  # a line cut short by the kill
+        (checkpoints / f"global_step_{saved}").mkdir(exist_ok=True)
         (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(saved))
         return subprocess.CompletedProcess(command, code)
 
@@ -539,7 +540,7 @@ def test_the_roles_of_a_model_per_role_can_start_apart_and_a_run_remembers_each_
     apart = reproduce.parse_args(["--methods", "per_role", "--out", str(tmp_path / "out"),
                                   "--set", f"++pettingllms.policies.plan_policy.overrides.model.path={planner}"])
     warm = reproduce.warm_start(apart, "per_role")
-    assert warm["plan_policy"] == {"model": str(planner), "warm_start": {"name": "planner"}}
+    assert warm["plan_policy"] == {"model": str(planner), "warm_start": {"name": "planner"}, "sha256": None}
     assert warm["tool_policy"]["warm_start"] == {"name": "tiny_model_plan_path_team"}
     together = reproduce.parse_args(["--methods", "per_role", "--out", str(tmp_path / "out")])
     assert reproduce.warm_start(together, "per_role")["plan_policy"]["warm_start"] == {"name": "tiny_model_plan_path_team"}
@@ -566,7 +567,12 @@ def test_the_real_model_is_not_in_the_default_methods_and_its_adapters_starts_ar
         (tmp_path / "artifacts" / f"smollm2_135m_{role}_adapter" / "warm_start.json").write_text(json.dumps({"roles": [role]}))
     args = reproduce.parse_args(["--methods", "real", "--out", str(tmp_path / "out")])
     warm = reproduce.warm_start(args, "real")
-    assert warm["tool_adapter"] == {"model": str(tmp_path / "artifacts" / "smollm2_135m_tool_adapter"), "warm_start": {"roles": ["tool"]}}
+    assert warm["tool_adapter"] == {"model": str(tmp_path / "artifacts" / "smollm2_135m_tool_adapter"), "warm_start": {"roles": ["tool"]}, "sha256": None}
+    weights = tmp_path / "artifacts" / "smollm2_135m_tool_adapter" / "adapter_model.safetensors"
+    weights.write_bytes(b"a")
+    built = reproduce.warm_start(args, "real")["tool_adapter"]["sha256"]
+    weights.write_bytes(b"b")  # built again from the same record (another machine), other weights: another warm start
+    assert built != reproduce.warm_start(args, "real")["tool_adapter"]["sha256"] and len(built) == 64
     assert warm["plan_adapter"]["warm_start"] == {"roles": ["plan"]}
     assert any(start["model"].endswith("smollm2_135m") for start in warm.values())  # the base the adapters sit on
     assert reproduce.before_sources(["mas", "real"], {"mas": reproduce.warm_start(args, "mas"), "real": warm})["real"] == "real"
@@ -685,3 +691,80 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     shutil.rmtree(tmp_path / "out" / "checkpoints" / "mas_s1" / "global_step_3")  # seed 1's best step on val is gone
     assert reproduce.main([*argv[:argv.index("--steps")], "--steps", "3", *argv[argv.index("--steps") + 2:]]) == 0
     assert sorted(evaluations) == [(Path(f"after/{split}/s1"), split, 1) for split in ("confirm", "test")]
+
+
+def test_an_archive_carries_finished_evaluations_and_adapter_runs_to_a_new_machine(tmp_path, monkeypatch, capsys):
+    """``--archive``: each finished evaluation (its per-episode outcomes, not transcripts) and each finished
+    run of adapters (its records and the adapters of its best step on val, not verl's checkpoint) are
+    kept as they finish; on a machine with none of ``--out``, a rerun restores them and keeps them all,
+    trains and evaluates nothing, and refuses to train a restored run on. A full model is not kept."""
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+    from pettingllms_verl.eval import archive
+
+    monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
+    splits = generate_splits("plan_path", {"train": 4, "val": 2, "test": 3, "confirm": 3}, {"size": 4, "wall_density": 0.3}, log=lambda _: None)
+    for split, rows in splits.items():
+        write_parquet(rows, str(tmp_path / "artifacts" / "data" / "plan_path_4x4_short" / f"{split}.parquet"))
+    warm = tmp_path / "artifacts" / "smollm2_135m_tool_adapter"  # a warm start that is an adapter
+    warm.mkdir()
+    for name, text in (("adapter_config.json", "{}"), ("warm_start.json", '{"roles": ["tool"]}'), ("adapter_model.safetensors", "w")):
+        (warm / name).write_text(text)
+    launched, evaluations = [], []
+
+    def main_ppo(command, env=None, **kwargs):  # each step: verl's checkpoint of the adapter group, its peft exports, its validation
+        checkpoints = Path(next(a for a in command if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
+        launched.append(checkpoints.name)
+        steps = int(next(a for a in command if a.startswith("trainer.total_training_steps=")).split("=", 1)[1])
+        for step in range(1, steps + 1):
+            group = checkpoints / f"global_step_{step}" / "policies" / "lora"
+            for name in ("tool_adapter", "plan_adapter"):
+                (group / "lora_adapters" / name).mkdir(parents=True, exist_ok=True)
+                (group / "lora_adapters" / name / "adapter_model.safetensors").write_text(f"{name} at {step}")
+            (group / "model_world_size_1_rank_0.pt").write_text("base and adapters")
+            (group.parents[1] / "val_metrics.json").write_text(json.dumps({"metrics": {"val-core/plan_path/reward/mean@1": 1 / step}}))
+        (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(steps))
+        Path(env["VERL_FILE_LOGGER_PATH"]).write_text("".join(json.dumps({"step": s, "data": {"mas/success": 0.5}}) + "\n" for s in range(1, steps + 1)))
+        return subprocess.CompletedProcess(command, 0)
+
+    def fake_eval(argv):
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        evaluations.append(out)
+        split, spec = argv[argv.index("--split") + 1], next(a for a in argv if "=" in a and not a.startswith("--"))
+        problems = [str(row["extra_info"]["seed"]) for row in splits[split]]
+        records = [{"run": spec.split("=")[0], "seed": p, "success": "@" in spec, "swapped": False, "samples": [{"reply": "x" * 100}]} for p in problems]
+        (out / "results.json").write_text(json.dumps({"split": split, "rows": [_row(spec.split("=")[0], float("@" in spec), episodes=len(problems))]}))
+        (out / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return 0
+
+    monkeypatch.setattr(reproduce.subprocess, "run", main_ppo)
+    monkeypatch.setattr(reproduce.evaluate, "main", fake_eval)
+    out, kept = tmp_path / "out", tmp_path / "archive"
+    argv = ["--methods", "real", "--seeds", "0", "--steps", "2", "--out", str(out), "--archive", str(kept), "--jobs", "1"]
+    assert reproduce.main(argv) == 0 and launched == ["real_s0"] and len(evaluations) == 4
+    first = json.loads((out / "reproduce.json").read_text())
+    run = kept / "checkpoints" / "real_s0"
+    assert sorted(p.name for p in run.iterdir()) == sorted([*archive.RUN_RECORDS, "curve.jsonl", "global_step_1"])  # best on val: step 1
+    assert sorted(str(p.relative_to(run / "global_step_1")) for p in (run / "global_step_1").rglob("*") if p.is_file()) == [
+        "policies/lora/lora_adapters/plan_adapter/adapter_model.safetensors", "policies/lora/lora_adapters/tool_adapter/adapter_model.safetensors",
+        "val_metrics.json"]  # not verl's checkpoint
+    assert (kept / "warm" / warm.name / "adapter_model.safetensors").read_text() == "w"  # the base model is not kept
+    assert sorted(p.name for p in (kept / "warm").iterdir()) == [warm.name]
+    episode = json.loads((kept / "after" / "test" / "s0" / "episodes.jsonl").read_text().splitlines()[0])
+    assert set(episode) == {"run", "seed", "success", "swapped"}  # no transcript
+    shutil.rmtree(out)  # a new machine: nothing of --out left
+    launched.clear(), evaluations.clear(), capsys.readouterr()
+    assert reproduce.main(argv) == 0 and launched == [] and evaluations == []
+    said = capsys.readouterr().out
+    assert "[archive]" in said and "checkpoints/real_s0" in said and "after/confirm/s0" in said and "before/test/s0" in said
+    assert said.count(": kept") == 5  # the run, two "before" and two "after" evaluations
+    again = json.loads((out / "reproduce.json").read_text())
+    assert again["rows"] == first["rows"] and again["comparisons"] == first["comparisons"]
+    with pytest.raises(reproduce.ReproduceError, match="without verl's checkpoint of step 2 .* cannot be trained on to --steps 3"):
+        reproduce.check_saved(out / "checkpoints" / "real_s0", 3, [])
+    step = out / "checkpoints" / "mas_s0" / "global_step_1"
+    (step / "policies" / "shared").mkdir(parents=True)
+    (step / "val_metrics.json").write_text("{}")
+    assert not archive.keep_run(step.parent, step, out / "logs" / "mas_s0.jsonl", out, kept)  # a full model
+    assert not (kept / "checkpoints" / "mas_s0").exists()

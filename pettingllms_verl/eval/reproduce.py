@@ -59,7 +59,7 @@ from omegaconf import OmegaConf
 
 from pettingllms_verl.eval import __main__ as evaluate
 from pettingllms_verl.envs.splits import task_key
-from pettingllms_verl.eval import plots, runs, stats
+from pettingllms_verl.eval import archive, plots, runs, stats
 from pettingllms_verl.eval.results import binomial_se
 from pettingllms_verl.rollout import faults
 from pettingllms_verl.files import write_whole
@@ -106,6 +106,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("PETTINGLLMS_ARTIFACTS", "artifacts"), "reproduce"), help="output folder")
     parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the package's, pettingllms_verl/recipes)")
+    parser.add_argument("--archive", default=None, metavar="DIR",
+                        help="a folder to keep what outlives this machine (eval/archive.py): each finished evaluation, and each finished "
+                             "run of LoRA adapters as the adapters its evaluations play; read back into --out where that lacks them")
     parser.add_argument("--jobs", type=int, default=2,
                         help="training runs, and evaluations, at once (default 2: on CPU one main_ppo keeps about one core busy)")
     args = parser.parse_args(argv)
@@ -181,6 +184,10 @@ def check_saved(checkpoints: Path, steps: int, reasons: list[str]) -> int:
     done = 0 if reasons else finished_steps(checkpoints)
     if done > steps:
         raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
+    last = checkpoints / f"global_step_{done}"
+    if 0 < done < steps and (not last.is_dir() or runs.adapters_only(str(last))):
+        raise ReproduceError(f"{checkpoints} holds {done} steps without verl's checkpoint of step {done} (restored from --archive: "
+                             f"adapters alone), which cannot be trained on to --steps {steps}: use another --out, or delete that folder")
     return done
 
 
@@ -215,6 +222,7 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
         if trained_id(checkpoints) is None:  # finished by a version that wrote no id: these weights get one now
             mark_trained(checkpoints, steps)
         evaluate.say(f"[train {label}] finished earlier ({done} steps): kept")
+        keep_run(checkpoints, label, args, out)
         return
     command = [
         sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(Path(args.recipes).resolve()), "--config-name", METHODS[method][0],
@@ -240,6 +248,22 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     keep_curve(log_dir, label, steps)
     mark_trained(checkpoints, steps)
     evaluate.say(f"[train {label}] done in {time.perf_counter() - started:.0f} s")
+    keep_run(checkpoints, label, args, out)
+
+
+def keep_run(checkpoints: Path, label: str, args: argparse.Namespace, out: Path) -> None:
+    """A finished run into ``--archive`` (when given): the step its evaluations play, if its weights are adapters."""
+    if not args.archive:
+        return
+    try:
+        step = Path(runs.resolve_checkpoint(str(checkpoints), "best-val"))
+    except runs.EvalError as error:
+        evaluate.say(f"[train {label}] not kept in {args.archive}: {error}")
+        return
+    if archive.keep_run(checkpoints, step, out / "logs" / f"{label}.jsonl", out, Path(args.archive)):
+        evaluate.say(f"[train {label}] kept in {args.archive}: its records and {step.name}'s adapters")
+    else:
+        evaluate.say(f"[train {label}] not kept in {args.archive}: it holds a full model (too large to keep; its evaluations are kept)")
 
 
 def trainer_threads(args: argparse.Namespace) -> list[str]:
@@ -417,12 +441,25 @@ def read_evaluation(out: Path) -> dict:
 def warm_start(args: argparse.Namespace, method: str) -> dict:
     """worker group -> the model it starts from in ``method``'s recipe (with ``--set``), and adapter
     policy -> the adapter folder it starts from (L1), each with what built it (its ``warm_start.json``,
-    None when absent)."""
+    None when absent) and the digest of its weights (``weights_sha256``)."""
     cfg = runs.compose(METHODS[method][0], args.overrides, Path(args.recipes))
     starts = {**runs.policy_models(cfg), **runs.adapter_starts(cfg)}
     metas = {name: Path(folder) / "warm_start.json" for name, folder in starts.items()}
-    return {name: {"model": folder, "warm_start": json.loads(metas[name].read_text()) if metas[name].is_file() else None}
+    return {name: {"model": folder, "warm_start": json.loads(metas[name].read_text()) if metas[name].is_file() else None,
+                   "sha256": weights_sha256(Path(folder))}
             for name, folder in starts.items()}
+
+
+def weights_sha256(folder: Path) -> str | None:
+    """sha256 of the weight files of a model or adapter folder, None when it holds none: a warm start
+    built again from the same record (on another machine, say) need not give the same weights."""
+    digest, files = hashlib.sha256(), sorted(p for p in folder.glob("*") if p.suffix in (".safetensors", ".bin", ".pt") and p.is_file())
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest() if files else None
 
 
 def before_sources(methods: list[str], warm: dict) -> dict[str, str]:
@@ -518,6 +555,8 @@ def evaluation(specs: list[str], args: argparse.Namespace, folder: Path, seed: i
         (folder / "fingerprint.json").unlink(missing_ok=True)  # written again once the evaluation is whole
         found = evaluate_runs(specs, args, folder, seed, split, swap=swap)
         write_whole(folder / "fingerprint.json", json.dumps(fp))
+    if args.archive:
+        archive.keep_evaluation(folder, Path(args.out), Path(args.archive))
     return found
 
 
@@ -760,11 +799,20 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.archive:
+        restored = archive.restore(Path(args.archive), out, finished_steps)
+        evaluate.say(f"[archive] {args.archive}: restored into {out}: {', '.join(restored)}" if restored else
+                     f"[archive] {args.archive}: nothing {out} lacks")
     try:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
         warm = {method: warm_start(args, method) for method in args.methods}  # composes recipes: Hydra's global state is for one thread
         settings = {method: training_settings(method, args) for method in args.methods}
         source = source_hash()
+        if args.archive:
+            starts = {Path(start["model"]): start["sha256"] for method in args.methods for start in warm[method].values()}
+            kept = [folder.name for folder, sha in starts.items() if archive.keep_warm(folder, sha, Path(args.archive), weights_sha256)]
+            if kept:
+                evaluate.say(f"[archive] {args.archive}/warm: {', '.join(sorted(kept))}")
         for method in args.methods:  # said (or refused) before the "before" evaluation, not an hour into it
             for seed in args.seeds:
                 checkpoints = out / "checkpoints" / run_label(method, seed)

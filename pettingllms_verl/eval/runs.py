@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pettingllms_verl import artifacts
-from pettingllms_verl.config import ADAPTER_GROUP, POLICIES_DIR, SECTION, VAL_METRICS, load
+from pettingllms_verl.config import ADAPTER_GROUP, EXPORT_DIR, POLICIES_DIR, SECTION, VAL_METRICS, load
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package
 SUCCESS_KEY = re.compile(r"^val-core/[^/]+/reward/mean@\d+$")  # episode success per data source (not swap/)
@@ -146,9 +146,31 @@ def val_success(step_dir: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def adapters_only(step_dir: str) -> bool:
+    """A step kept as its adapters alone (``reproduce --archive``): the adapter group's peft exports,
+    without verl's checkpoint of the group (the base model's weights and the optimizer's state)."""
+    group = os.path.join(step_dir, POLICIES_DIR, ADAPTER_GROUP)
+    return os.path.isdir(os.path.join(group, EXPORT_DIR)) and not glob.glob(os.path.join(group, "model_world_size_*"))
+
+
+def exported_adapters(step_dir: str, cfg: DictConfig) -> dict[str, str]:
+    """adapter policy -> its peft folder in an ``adapters_only`` step."""
+    folder = os.path.join(step_dir, POLICIES_DIR, ADAPTER_GROUP, EXPORT_DIR)
+    return {name: os.path.join(folder, name) for name, policy in load(cfg.get(SECTION)).policy_table().items() if policy.adapter is not None}
+
+
 def check_checkpoint(step_dir: str, cfg: DictConfig, recipe: str) -> None:
-    """Every worker group of the recipe is in the checkpoint, from the same model architecture."""
+    """Every worker group of the recipe is in the checkpoint, from the same model architecture (an
+    ``adapters_only`` step: every policy is an adapter, each one there)."""
     models = policy_models(cfg)
+    if adapters_only(step_dir):
+        missing = [name for name, folder in exported_adapters(step_dir, cfg).items() if not os.path.isfile(os.path.join(folder, "adapter_config.json"))]
+        if set(models) != {ADAPTER_GROUP} or missing:
+            raise EvalError(
+                f"checkpoint {step_dir} holds adapters alone (no verl checkpoint), and recipe {recipe} "
+                + (f"needs adapters {missing} it lacks" if missing else f"has full-model policies ({', '.join(sorted(set(models) - {ADAPTER_GROUP}))})")
+                + ": evaluate it with the recipe it was trained with"
+            )
     for group, model in models.items():
         folder = os.path.join(step_dir, POLICIES_DIR, group)
         if len(models) == 1 and not os.path.isdir(folder):
@@ -200,7 +222,10 @@ def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str, jobs: int =
         "trainer.logger=[console,file]",
         f"trainer.experiment_name=eval_{run.label}",
     ]
-    if run.checkpoint:
+    if run.checkpoint and adapters_only(run.checkpoint):  # the base from the recipe, each adapter from the step
+        args += ["trainer.resume_mode=disable", *(f"++pettingllms.policies.{name}.adapter.path={folder}"
+                                                  for name, folder in exported_adapters(run.checkpoint, run.config).items())]
+    elif run.checkpoint:
         args += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={run.checkpoint}"]
     else:
         args += ["trainer.resume_mode=disable"]  # the recipe's models, not whatever its run saved last

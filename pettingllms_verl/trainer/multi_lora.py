@@ -31,12 +31,11 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.fsdp_utils import collect_lora_params, replace_lora_wrapper
 from verl.utils.model import convert_weight_keys
 
-from pettingllms_verl.config import adapter_table
+from pettingllms_verl.config import EXPORT_DIR, adapter_table
 from pettingllms_verl.lora_names import adapter_of
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, SharedPrefixFSDPEngine, SharedPrefixTrainingWorker
 
 ADAPTER_KEY = "pettingllms_adapter"  # extra_info of a batch of the adapter group: the adapter its rows train/score
-EXPORT_DIR = "lora_adapters"  # <checkpoint>/lora_adapters/<name>/: each adapter in peft format, servable alone
 SCHEDULES_FILE = "adapter_schedules.json"  # <checkpoint>/...: each adapter's LR-schedule step
 
 
