@@ -179,8 +179,9 @@ REAL_TEST ?= 256
 REAL_ARCHIVE ?=
 $(ARTIFACTS)/smollm2_135m_%_adapter/adapter_config.json: pettingllms_verl/models/demos.py pettingllms_verl/models/sft.py | $(ARTIFACTS)/smollm2_135m/config.json
 	rm -rf $(@D)
-	@if [ -n "$(REAL_ARCHIVE)" ] && [ -f "$(REAL_ARCHIVE)/warm/$(notdir $(@D))/warm_start.json" ]; then \
-	    cp -r "$(REAL_ARCHIVE)/warm/$(notdir $(@D))" $(@D) && touch $@ && echo "$(@D): copied from $(REAL_ARCHIVE)/warm (the warm start its runs were made from)"; \
+	if [ -n "$(REAL_ARCHIVE)" ] && [ -f "$(REAL_ARCHIVE)/warm/$(notdir $(@D))/warm_start.json" ]; then \
+	    rm -rf $(@D).tmp && cp -r "$(REAL_ARCHIVE)/warm/$(notdir $(@D))" $(@D).tmp && mv $(@D).tmp $(@D) && touch $@ && \
+	    echo "$(@D): copied from $(REAL_ARCHIVE)/warm (the warm start its runs were made from)"; \
 	else \
 	    $(PY) -m pettingllms_verl.models.sft --base $(ARTIFACTS)/smollm2_135m --out $(@D) --roles $* --workflows mas --episodes 500 \
 	        --steps $(REAL_SFT_STEPS) --batch-size 8 --lr 1e-3 --lora-rank 8 --lora-alpha 16 --p-correct '$(REPRO_DEMOS)' --env-kwargs '$(REPRO_ENV)'; \

@@ -118,3 +118,28 @@ def test_embedding_and_lm_head_adapters_train_in_verls_fsdp2_engine(tiny_model_d
     assert changed == {n for n in outer if ".coder" in n}
     # the adapter alone goes to the rollout and the export, without the base embedding and LM head
     assert [key for key in engine.adapter_state("coder") if "base_layer" in key] == []
+
+
+def test_an_adapter_started_from_a_folder_that_lacks_some_of_its_tensors_is_refused(tiny_model_dir, tmp_path):
+    """A peft folder whose tensors cover only part of the adapter would leave the rest as initialised
+    (``lora_B`` zero: the base model) and train or evaluate that silently."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    engine, peft_model = _engine(tiny_model_dir, ["q_proj", "v_proj"])
+    state = get_peft_model_state_dict(peft_model, adapter_name="coder")
+    peft_model.peft_config["coder"].save_pretrained(str(tmp_path / "whole"))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "whole" / "adapter_model.safetensors"))
+    peft_model.peft_config["coder"].save_pretrained(str(tmp_path / "part"))
+    save_file({k: v.contiguous() for k, v in state.items() if "v_proj" not in k}, str(tmp_path / "part" / "adapter_model.safetensors"))
+    for folder, refused in (("whole", False), ("part", True)):
+        from transformers import AutoModelForCausalLM
+
+        adapters = engine.model_config["lora"][next(iter(engine.model_config["lora"]))]
+        adapters["coder"]["path"] = str(tmp_path / folder)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        if refused:
+            with pytest.raises(ValueError, match=r"adapter coder: .*part lacks \d+ of its tensors"):
+                engine._build_lora_module(model)
+        else:
+            engine._build_lora_module(model)

@@ -571,8 +571,11 @@ def test_the_real_model_is_not_in_the_default_methods_and_its_adapters_starts_ar
     weights = tmp_path / "artifacts" / "smollm2_135m_tool_adapter" / "adapter_model.safetensors"
     weights.write_bytes(b"a")
     built = reproduce.warm_start(args, "real")["tool_adapter"]["sha256"]
+    before = reproduce.warm_start(args, "real")
     weights.write_bytes(b"b")  # built again from the same record (another machine), other weights: another warm start
     assert built != reproduce.warm_start(args, "real")["tool_adapter"]["sha256"] and len(built) == 64
+    assert reproduce.warm_changes(before, reproduce.warm_start(args, "real")) == [
+        f"tool_adapter {weights.parent}: its weights (sha256 {built[:12]} -> {reproduce.warm_start(args, 'real')['tool_adapter']['sha256'][:12]})"]
     assert warm["plan_adapter"]["warm_start"] == {"roles": ["plan"]}
     assert any(start["model"].endswith("smollm2_135m") for start in warm.values())  # the base the adapters sit on
     assert reproduce.before_sources(["mas", "real"], {"mas": reproduce.warm_start(args, "mas"), "real": warm})["real"] == "real"
@@ -757,12 +760,31 @@ def test_an_archive_carries_finished_evaluations_and_adapter_runs_to_a_new_machi
     launched.clear(), evaluations.clear(), capsys.readouterr()
     assert reproduce.main(argv) == 0 and launched == [] and evaluations == []
     said = capsys.readouterr().out
-    assert "[archive]" in said and "checkpoints/real_s0" in said and "after/confirm/s0" in said and "before/test/s0" in said
+    assert f"[train real_s0] restored from {run}" in said and f"{kept}/after/confirm/s0: same source" in said
     assert said.count(": kept") == 5  # the run, two "before" and two "after" evaluations
     again = json.loads((out / "reproduce.json").read_text())
     assert again["rows"] == first["rows"] and again["comparisons"] == first["comparisons"]
     with pytest.raises(reproduce.ReproduceError, match="without verl's checkpoint of step 2 .* cannot be trained on to --steps 3"):
-        reproduce.check_saved(out / "checkpoints" / "real_s0", 3, [])
+        reproduce.check_saved(out / "checkpoints" / "real_s0", 3, [])  # its last step is not there
+    shutil.copytree(out / "checkpoints" / "real_s0" / "global_step_1", out / "checkpoints" / "real_s0" / "global_step_2")
+    with pytest.raises(reproduce.ReproduceError, match="without verl's checkpoint of step 2"):
+        reproduce.check_saved(out / "checkpoints" / "real_s0", 3, [])  # its last step holds adapters alone
+    # a run cut short here, and the archive's made by other code: the run here is left to resume
+    shutil.rmtree(out / "checkpoints" / "real_s0")
+    (out / "checkpoints" / "real_s0" / "global_step_1").mkdir(parents=True)
+    (out / "checkpoints" / "real_s0" / "latest_checkpointed_iteration.txt").write_text("1")
+    for name in ("warm_start.json", "settings.json", "source.json"):
+        shutil.copy2(run / name, out / "checkpoints" / "real_s0" / name)
+    (run / "source.json").write_text(json.dumps("0" * 64))
+    launched.clear(), evaluations.clear()
+    assert reproduce.main(argv) == 0 and launched == ["real_s0"] and not (out / "checkpoints" / "real_s0.replaced").exists()
+    assert json.loads((run / "source.json").read_text()) == reproduce.source_hash()  # the new run kept in its place
+    # another warm start under the archive's name (SFT again, elsewhere): refused before anything runs
+    (warm / "adapter_model.safetensors").write_text("other")
+    launched.clear()
+    assert reproduce.main(argv) == 1 and launched == []
+    assert f"{kept}/warm holds other weights than {warm}" in capsys.readouterr().err
+    assert (kept / "warm" / warm.name / "adapter_model.safetensors").read_text() == "w"
     step = out / "checkpoints" / "mas_s0" / "global_step_1"
     (step / "policies" / "shared").mkdir(parents=True)
     (step / "val_metrics.json").write_text("{}")

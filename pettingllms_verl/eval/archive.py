@@ -12,9 +12,11 @@ where that lacks it, so that a reproduction longer than a machine's life goes on
 
 - A warm start that is an adapter (a peft folder with its ``warm_start.json``), under ``warm/<folder>``:
   SFT on another machine need not give the same weights (the runs' records hold their sha256), and
-  takes its time again. ``make reproduce-real REAL_ARCHIVE=DIR`` copies it back before building one.
+  takes its time again. ``make reproduce-real REAL_ARCHIVE=DIR`` copies it back before building one;
+  other weights under that name are never written over it.
 
-Evaluations and runs are keyed by their path relative to ``--out``; a file is written whole or not at all.
+Evaluations and runs are keyed by their path relative to ``--out``; a file or folder is written whole
+or not at all. What is read back is only what is valid now (``reproduce`` checks it as it checks its own).
 """
 
 from __future__ import annotations
@@ -73,48 +75,43 @@ def keep_run(checkpoints: Path, step: Path, curve: Path, out: Path, archive: Pat
     return True
 
 
-def keep_warm(folder: Path, sha256: str | None, archive: Path, weights_sha256) -> bool:
-    """An adapter warm start into ``archive/warm/<its folder's name>`` unless kept there with the same
-    weights (``sha256``, by ``weights_sha256(folder)``); False for a folder that is not one (a full model)."""
+def keep_warm(folder: Path, sha256: str | None, archive: Path, weights_sha256) -> str | None:
+    """An adapter warm start into ``archive/warm/<its folder's name>``. Returns None for a folder that
+    is not one (a full model), "kept" when copied or already there with the same weights (``sha256``, by
+    ``weights_sha256``), "other" when the archive holds other weights under that name: those that its
+    runs were made from, left as they are."""
     if not ((folder / "adapter_config.json").is_file() and (folder / "warm_start.json").is_file()):
-        return False
+        return None
     kept = archive / "warm" / folder.name
-    if kept.is_dir() and weights_sha256(kept) == sha256:
-        return True
-    staging = kept.with_name(kept.name + ".tmp")
+    if kept.is_dir():
+        return "kept" if weights_sha256(kept) == sha256 else "other"
+    _copy_whole(folder, kept)
+    return "kept"
+
+
+def restore_evaluation(kept: Path, folder: Path) -> None:
+    """An archived evaluation (``kept``) into ``folder``, its fingerprint last."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("episodes.jsonl", *EVALUATION_FILES):
+        write_whole(folder / name, (kept / name).read_text())
+
+
+def restore_run(kept: Path, checkpoints: Path, curve: Path) -> None:
+    """An archived run (``kept``) into ``checkpoints`` (one there moved to ``<run>.replaced``), its curve to ``curve``."""
+    if checkpoints.exists():
+        replaced = checkpoints.with_name(checkpoints.name + ".replaced")
+        shutil.rmtree(replaced, ignore_errors=True)
+        checkpoints.rename(replaced)
+    _copy_whole(kept, checkpoints, ignore=shutil.ignore_patterns("curve.jsonl"))
+    if (kept / "curve.jsonl").is_file():
+        curve.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(kept / "curve.jsonl", curve)
+
+
+def _copy_whole(source: Path, target: Path, ignore=None) -> None:
+    """``source`` copied to ``target`` through a staging folder: a copy cut short is never at ``target``."""
+    staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(folder, staging)
-    shutil.rmtree(kept, ignore_errors=True)
-    staging.rename(kept)
-    return True
-
-
-def restore(archive: Path, out: Path, finished_steps) -> list[str]:
-    """Into ``out``, each archived evaluation it lacks and each archived run it holds fewer steps of
-    (``finished_steps(folder)``; its own, if any, moved to ``<run>.replaced``). Returns what was restored,
-    by path relative to ``out``."""
-    restored = []
-    for fingerprint in sorted(archive.glob("*/*/*/fingerprint.json")):  # before|after / split / s<seed>
-        folder = fingerprint.parent
-        target = out / folder.relative_to(archive)
-        if (target / "fingerprint.json").is_file():
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        for name in ("episodes.jsonl", *EVALUATION_FILES):
-            write_whole(target / name, (folder / name).read_text())
-        restored.append(str(folder.relative_to(archive)))
-    for record in sorted(archive.glob("checkpoints/*/trained.json")):
-        run = record.parent
-        target = out / run.relative_to(archive)
-        if finished_steps(target) >= finished_steps(run):
-            continue
-        if target.exists():
-            replaced = target.with_name(target.name + ".replaced")
-            shutil.rmtree(replaced, ignore_errors=True)
-            target.rename(replaced)
-        shutil.copytree(run, target, ignore=shutil.ignore_patterns("curve.jsonl"))
-        if (run / "curve.jsonl").is_file():
-            (out / "logs").mkdir(parents=True, exist_ok=True)
-            shutil.copy2(run / "curve.jsonl", out / "logs" / f"{run.name}.jsonl")
-        restored.append(str(run.relative_to(archive)))
-    return restored
+    shutil.copytree(source, staging, ignore=ignore)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)

@@ -167,8 +167,7 @@ def stale(checkpoints: Path, warm: dict, settings: dict, source: str) -> list[st
             saved[name] = None
             reasons.append(f"its {path.name} is unreadable ({error})")
     if saved["warm_start"] is not None and saved["warm_start"] != warm:
-        models = ", ".join(f"{policy} {start['model']}" for policy, start in warm.items())
-        reasons.append(f"it was trained from another warm start than it has now ({models})")
+        reasons.append(f"it was trained from another warm start than it has now ({'; '.join(warm_changes(saved['warm_start'], warm))})")
     changed = changed_keys(saved["settings"], settings) if isinstance(saved["settings"], dict) else []
     if changed:
         more = f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
@@ -249,6 +248,33 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     mark_trained(checkpoints, steps)
     evaluate.say(f"[train {label}] done in {time.perf_counter() - started:.0f} s")
     keep_run(checkpoints, label, args, out)
+
+
+def keep_warm_starts(warm: dict, args: argparse.Namespace) -> None:
+    """Each adapter warm start into ``--archive``; refused when the archive holds other weights under its
+    name (those its kept runs were made from): going on would redo them all."""
+    starts = {Path(start["model"]): start["sha256"] for method in warm for start in warm[method].values()}
+    kept = {folder: archive.keep_warm(folder, sha, Path(args.archive), weights_sha256) for folder, sha in starts.items()}
+    other = sorted(folder.name for folder, state in kept.items() if state == "other")
+    if other:
+        raise ReproduceError(f"{args.archive}/warm holds other weights than {', '.join(str(f) for f in kept if f.name in other)} "
+                             "(the warm starts its runs were made from): copy them back (make reproduce-real REAL_ARCHIVE=...: "
+                             "delete the warm start first) to go on with those runs, or give another --archive")
+    if any(kept.values()):
+        evaluate.say(f"[archive] {args.archive}/warm: {', '.join(sorted(folder.name for folder, state in kept.items() if state))}")
+
+
+def restore_run(checkpoints: Path, steps: int, warm: dict, settings: dict, source: str, args: argparse.Namespace, out: Path) -> None:
+    """The run kept in ``--archive`` into ``checkpoints`` when it stands for the one asked for (made alike,
+    ``stale``, and finished at ``steps``) and the one there does not (a run cut short, or made otherwise)."""
+    kept = Path(args.archive) / checkpoints.relative_to(out)
+    if not (kept / "trained.json").is_file() or finished_steps(kept) != steps or stale(kept, warm, settings, source):
+        return
+    if finished_steps(checkpoints) == steps and not stale(checkpoints, warm, settings, source):
+        return
+    archive.restore_run(kept, checkpoints, out / "logs" / f"{checkpoints.name}.jsonl")
+    evaluate.say(f"[train {checkpoints.name}] restored from {kept} (its adapters, not verl's checkpoint"
+                 + (f"; the one that was there: {checkpoints.name}.replaced)" if checkpoints.with_name(checkpoints.name + ".replaced").exists() else ")"))
 
 
 def keep_run(checkpoints: Path, label: str, args: argparse.Namespace, out: Path) -> None:
@@ -450,6 +476,19 @@ def warm_start(args: argparse.Namespace, method: str) -> dict:
             for name, folder in starts.items()}
 
 
+def warm_changes(saved: dict, now: dict) -> list[str]:
+    """How two ``warm_start`` records differ, per policy: its folder, what built it, its weights."""
+    changes = []
+    for policy in sorted(saved.keys() | now.keys()):
+        was, start = saved.get(policy) or {}, now.get(policy) or {}
+        what = {"model": "folder", "warm_start": "record (warm_start.json)", "sha256": "weights"}
+        differ = [what[key] for key in what if was.get(key) != start.get(key)]
+        if differ:
+            sha = f" (sha256 {str(was.get('sha256'))[:12]} -> {str(start.get('sha256'))[:12]})" if "weights" in differ else ""
+            changes.append(f"{policy} {start.get('model', was.get('model'))}: its {', '.join(differ)}{sha}")
+    return changes
+
+
 def weights_sha256(folder: Path) -> str | None:
     """sha256 of the weight files of a model or adapter folder, None when it holds none: a warm start
     built again from the same record (on another machine, say) need not give the same weights."""
@@ -516,7 +555,8 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
     if set(saved.get("warm") or {}) != set(now["warm"]):
         reasons.append(f"other runs (saved: {', '.join(sorted(saved.get('warm') or {})) or 'none'}; now: {', '.join(sorted(now['warm']))})")
     elif saved.get("warm") != now["warm"]:
-        reasons.append("another warm start")
+        changes = [f"run {label}: {change}" for label in now["warm"] for change in warm_changes(saved["warm"][label], now["warm"][label])]
+        reasons.append(f"another warm start ({'; '.join(changes)})")
     if now["trained"] is not None and (None in now["trained"].values() or saved.get("trained") != now["trained"]):
         reasons.append("other trained weights (a run trained again, or on to more steps, since)")
     return reasons
@@ -548,9 +588,12 @@ def earlier_evaluation(folder: Path, fp: dict) -> dict | None:
 
 
 def evaluation(specs: list[str], args: argparse.Namespace, folder: Path, seed: int, split: str, fp: dict, swap: bool) -> dict:
-    """``evaluate_runs`` into ``folder``, or the one saved there when made alike (``earlier_evaluation``):
-    a rerun of a reproduction cut short keeps its finished evaluations."""
+    """``evaluate_runs`` into ``folder``, or the one saved there, or else in ``--archive``, when made alike
+    (``earlier_evaluation``): a rerun of a reproduction cut short keeps its finished evaluations."""
     found = earlier_evaluation(folder, fp)
+    kept = Path(args.archive) / folder.relative_to(args.out) if args.archive else None
+    if found is None and kept is not None and (found := earlier_evaluation(kept, fp)) is not None:
+        archive.restore_evaluation(kept, folder)
     if found is None:
         (folder / "fingerprint.json").unlink(missing_ok=True)  # written again once the evaluation is whole
         found = evaluate_runs(specs, args, folder, seed, split, swap=swap)
@@ -799,23 +842,18 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.archive:
-        restored = archive.restore(Path(args.archive), out, finished_steps)
-        evaluate.say(f"[archive] {args.archive}: restored into {out}: {', '.join(restored)}" if restored else
-                     f"[archive] {args.archive}: nothing {out} lacks")
     try:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
         warm = {method: warm_start(args, method) for method in args.methods}  # composes recipes: Hydra's global state is for one thread
         settings = {method: training_settings(method, args) for method in args.methods}
         source = source_hash()
         if args.archive:
-            starts = {Path(start["model"]): start["sha256"] for method in args.methods for start in warm[method].values()}
-            kept = [folder.name for folder, sha in starts.items() if archive.keep_warm(folder, sha, Path(args.archive), weights_sha256)]
-            if kept:
-                evaluate.say(f"[archive] {args.archive}/warm: {', '.join(sorted(kept))}")
+            keep_warm_starts(warm, args)
         for method in args.methods:  # said (or refused) before the "before" evaluation, not an hour into it
             for seed in args.seeds:
                 checkpoints = out / "checkpoints" / run_label(method, seed)
+                if args.archive:
+                    restore_run(checkpoints, steps, warm[method], settings[method], source, args, out)
                 reasons = stale(checkpoints, warm[method], settings[method], source)
                 check_saved(checkpoints, steps, reasons)
                 if reasons:

@@ -114,6 +114,10 @@ class MultiLoRAFSDPEngine(SharedPrefixFSDPEngine):
                 result = set_peft_model_state_dict(peft_model, load_peft_weights(spec["path"]), adapter_name=name)
                 if result.unexpected_keys:
                     raise ValueError(f"adapter {name}: {spec['path']} holds tensors this model has no place for, e.g. {result.unexpected_keys[:2]}")
+                missing = [key for key in result.missing_keys if adapter_of(key) == name]  # left as initialised: the base, for lora_B
+                if missing:
+                    raise ValueError(f"adapter {name}: {spec['path']} lacks {len(missing)} of its tensors, e.g. {missing[:2]} "
+                                     "(saved with other target modules or another rank?)")
         # FSDP2 wants one dtype per parameter group: every adapter in the base dtype, not only the
         # active (trainable) one as verl casts
         base_dtype = next(p.dtype for n, p in peft_model.named_parameters() if adapter_of(n) is None)
