@@ -36,7 +36,8 @@ and after training per seed and as a mean over seeds with its t interval between
 the warm start across runs (Welch's t) and paired over problems (bootstrap), the comparisons between
 methods; ``eval/stats.py``), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the
 evaluations (``before/<split>/s<seed>/``, ``after/<split>/s<seed>/``), the training logs (``logs/``)
-and checkpoints (``checkpoints/``).
+and checkpoints (``checkpoints/``). ``--archive DIR`` keeps what a new machine needs to go on, small
+enough to commit (``eval/archive.py``).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the package's, pettingllms_verl/recipes)")
     parser.add_argument("--archive", default=None, metavar="DIR",
                         help="a folder to keep what outlives this machine (eval/archive.py): each finished evaluation, and each finished "
-                             "run of LoRA adapters as the adapters its evaluations play; read back into --out where that lacks them")
+                             "run of LoRA adapters as the adapters its evaluations play; read back where --out lacks them or holds them made otherwise")
     parser.add_argument("--jobs", type=int, default=2,
                         help="training runs, and evaluations, at once (default 2: on CPU one main_ppo keeps about one core busy)")
     args = parser.parse_args(argv)
