@@ -57,8 +57,7 @@ def keep_run(checkpoints: Path, step: Path, curve: Path, out: Path, archive: Pat
     if groups != [ADAPTER_GROUP] or not adapters.is_dir():
         return False
     kept = archive / checkpoints.relative_to(out)
-    staging = kept.with_name(kept.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = _staging(kept)
     kept_step = staging / step.name
     shutil.copytree(adapters, kept_step / POLICIES_DIR / ADAPTER_GROUP / EXPORT_DIR)
     model_config = step / POLICIES_DIR / ADAPTER_GROUP / "huggingface" / "config.json"  # what runs.check_checkpoint compares
@@ -70,8 +69,7 @@ def keep_run(checkpoints: Path, step: Path, curve: Path, out: Path, archive: Pat
         shutil.copy2(checkpoints / name, staging / name)
     if curve.is_file():
         shutil.copy2(curve, staging / "curve.jsonl")
-    shutil.rmtree(kept, ignore_errors=True)
-    staging.rename(kept)
+    _publish(staging, kept)
     return True
 
 
@@ -110,8 +108,18 @@ def restore_run(kept: Path, checkpoints: Path, curve: Path) -> None:
 
 def _copy_whole(source: Path, target: Path, ignore=None) -> None:
     """``source`` copied to ``target`` through a staging folder: a copy cut short is never at ``target``."""
+    staging = _staging(target)
+    shutil.copytree(source, staging, ignore=ignore)
+    _publish(staging, target)
+
+
+def _staging(target: Path) -> Path:
+    """Where ``target`` is built before ``_publish`` puts it in place (emptied of a build cut short)."""
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging, ignore=ignore)
+    return staging
+
+
+def _publish(staging: Path, target: Path) -> None:
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
