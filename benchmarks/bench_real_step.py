@@ -15,8 +15,12 @@ and its ratio to the baseline's. Each run samples its own replies, so the steps 
 length; the step's time per token (``perf/total_num_tokens``, prompts and replies) depends less on
 what a step drew (generation does not scale with it). Run it with nothing else on the machine.
 
-    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded] [--out benchmarks/results/real_step.json]
-    python benchmarks/bench_real_step.py --logs DIR   # the table again from a run's logs (DIR/<run>.jsonl)
+``--repeats N`` runs the settings N times, interleaved (baseline, recipe, ..., baseline, recipe, ...),
+so that a drift of the machine reaches every setting alike; each ratio is taken within a repeat and
+reported as its mean over the repeats with a 95 % t interval (N - 1 degrees of freedom).
+
+    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded] [--repeats N] [--out benchmarks/results/real_step.json]
+    python benchmarks/bench_real_step.py --logs DIR   # the table again from a run's logs (DIR/<run>[_<repeat>].jsonl)
 """
 
 import argparse
@@ -54,21 +58,27 @@ def prepare(root: str) -> None:
         write_parquet(rows, os.path.join(root, "data", "plan_path_6x6", f"{split}.parquet"))
 
 
-def run(root: str, name: str) -> dict:
-    """One run through main_ppo; its timed step's ``timing_s/*``."""
+def log_name(name: str, repeat: int, repeats: int) -> str:
+    """A run's file log: ``<run>.jsonl``, or ``<run>_<repeat>.jsonl`` when the settings are repeated."""
+    return f"{name}.jsonl" if repeats == 1 else f"{name}_{repeat}.jsonl"
+
+
+def run(root: str, name: str, log: str) -> dict:
+    """One run through main_ppo, logged to ``root/log``; its timed step's ``timing_s/*``."""
     from pettingllms_verl.models import smollm2
 
     _, recipe, steps, overrides = RUNS[name]
-    log = os.path.join(root, f"{name}.jsonl")
+    log = os.path.join(root, log)
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"), "--config-name", recipe,
                f"trainer.total_training_steps={steps}", *COMMON, *(override.format(model=os.path.join(root, smollm2.FOLDER)) for override in overrides)]
     env = {**os.environ, "PETTINGLLMS_ARTIFACTS": root, "VERL_FILE_LOGGER_PATH": log, "HF_HUB_OFFLINE": "1"}
     started = time.monotonic()
+    output_path = log.removesuffix(".jsonl") + ".log"
     print(f"[{name}] {recipe}, {steps} steps ...", flush=True)
-    with open(os.path.join(root, f"{name}.log"), "w") as output:
+    with open(output_path, "w") as output:
         result = subprocess.run(command, cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT)
     if result.returncode != 0:
-        sys.exit(f"[{name}] main_ppo exited {result.returncode}; its output: {os.path.join(root, name + '.log')}")
+        sys.exit(f"[{name}] main_ppo exited {result.returncode}; its output: {output_path}")
     print(f"[{name}] done in {time.monotonic() - started:.0f} s", flush=True)
     return figures(log)
 
@@ -88,36 +98,83 @@ def figures(log: str) -> dict:
     }
 
 
+def with_ratios(rows: list[dict]) -> None:
+    """Each row's step time and time per token against the baseline's of the same repeat."""
+    baselines = {row["repeat"]: row for row in rows if row["run"] == "baseline"}
+    for row in rows:
+        base = baselines.get(row["repeat"])
+        row["step_vs_baseline"] = row["step_s"] / base["step_s"] if base else None
+        row["per_token_vs_baseline"] = row["ms_per_token"] / base["ms_per_token"] if base else None
+
+
+def summary(rows: list[dict], names: list[str]) -> list[dict]:
+    """Per setting: each figure's mean over the repeats, and each ratio's mean with its t interval (None under two repeats)."""
+    from pettingllms_verl.eval.stats import seed_interval
+
+    out = []
+    for name in names:
+        runs = [row for row in rows if row["run"] == name]
+        entry = {"run": name, "setting": RUNS[name][0], "repeats": len(runs)}
+        entry |= {key: sum(row[key] for row in runs) / len(runs) for key in (*(f"{part}_s" for part in PARTS), "tokens", "ms_per_token")}
+        for key in ("step_vs_baseline", "per_token_vs_baseline"):
+            ratios = [row[key] for row in runs if row[key] is not None]
+            entry[key] = sum(ratios) / len(ratios) if ratios else None
+            entry[f"{key}_interval"] = seed_interval(ratios)
+        out.append(entry)
+    return out
+
+
+def ratio_text(value: float | None, interval: dict | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}x" + (f" [{interval['low']:.3f}, {interval['high']:.3f}]" if interval else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (the ratios are to baseline's)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; 2 or more: each ratio's 95 %% t interval over them")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "real_step.json"))
-    parser.add_argument("--logs", help="a folder with the runs' file logs (<run>.jsonl): print and write the table from them, run nothing")
+    parser.add_argument("--logs", help="a folder with the runs' file logs (<run>.jsonl, or <run>_<repeat>.jsonl with --repeats): print and write the table from them, run nothing")
     args = parser.parse_args()
     names = args.runs.split(",")
     unknown = sorted(set(names) - set(RUNS))
     if unknown:
         sys.exit(f"--runs: unknown {unknown}; from: {list(RUNS)}")
+    if args.repeats < 1:
+        sys.exit(f"--repeats: {args.repeats}; at least 1")
+    order = [(repeat, name) for repeat in range(args.repeats) for name in names]  # interleaved
     if args.logs:
-        rows = [{"run": name, "setting": RUNS[name][0], **figures(os.path.join(args.logs, f"{name}.jsonl"))} for name in names]
-        taken = time.strftime("%Y-%m-%d", time.localtime(os.path.getmtime(os.path.join(args.logs, f"{names[0]}.jsonl"))))
+        missing = [log for log in (log_name(name, repeat, args.repeats) for repeat, name in order) if not os.path.isfile(os.path.join(args.logs, log))]
+        if missing:
+            sys.exit(f"--logs {args.logs}: no {', '.join(missing)} (the runs' logs are <run>.jsonl, or <run>_<repeat>.jsonl with --repeats)")
+        rows = [{"run": name, "repeat": repeat, "setting": RUNS[name][0], **figures(os.path.join(args.logs, log_name(name, repeat, args.repeats)))}
+                for repeat, name in order]
+        taken = time.strftime("%Y-%m-%d", time.localtime(os.path.getmtime(os.path.join(args.logs, log_name(*order[0][::-1], args.repeats)))))
     else:
         root = tempfile.mkdtemp(prefix="bench_real_step_")
         prepare(root)
-        rows = [{"run": name, "setting": RUNS[name][0], **run(root, name)} for name in names]
+        rows = [{"run": name, "repeat": repeat, "setting": RUNS[name][0], **run(root, name, log_name(name, repeat, args.repeats))}
+                for repeat, name in order]
         taken = time.strftime("%Y-%m-%d")
-    baseline = next((row for row in rows if row["run"] == "baseline"), None)
+    with_ratios(rows)
     print(f"\nsecond step's timing_s/* (s), runs of {taken}" + ("" if args.logs else f", {os.cpu_count()} logical CPUs"))
-    print(f"{'setting':<46} {'step':>6} {'gen':>6} {'old lp':>6} {'update':>6} {'sync':>5} {'tokens':>6} {'ms/tok':>6} {'step/base':>9} {'per token':>9}")
+    print(f"{'setting':<46} {'rep':>3} {'step':>6} {'gen':>6} {'old lp':>6} {'update':>6} {'sync':>5} {'tokens':>6} {'ms/tok':>6} {'step/base':>9} {'per token':>9}")
     for row in rows:
-        row["step_vs_baseline"] = row["step_s"] / baseline["step_s"] if baseline else None
-        row["per_token_vs_baseline"] = row["ms_per_token"] / baseline["ms_per_token"] if baseline else None
-        ratios = (f"{row['step_vs_baseline']:>8.3f}x {row['per_token_vs_baseline']:>8.3f}x" if baseline else f"{'-':>9} {'-':>9}")
-        print(f"{row['setting']:<46} {row['step_s']:>6.1f} {row['gen_s']:>6.1f} {row['old_log_prob_s']:>6.2f} {row['update_actor_s']:>6.1f} "
-              f"{row['update_weights_s']:>5.2f} {row['tokens']:>6} {row['ms_per_token']:>6.2f} {ratios}")
+        print(f"{row['setting']:<46} {row['repeat']:>3} {row['step_s']:>6.1f} {row['gen_s']:>6.1f} {row['old_log_prob_s']:>6.2f} {row['update_actor_s']:>6.1f} "
+              f"{row['update_weights_s']:>5.2f} {row['tokens']:>6} {row['ms_per_token']:>6.2f} "
+              f"{ratio_text(row['step_vs_baseline'], None):>9} {ratio_text(row['per_token_vs_baseline'], None):>9}")
+    settings = summary(rows, names)
+    if args.repeats > 1:
+        print(f"\nmean over {args.repeats} repeats, ratios within a repeat with their 95 % t interval over the repeats")
+        print(f"{'setting':<46} {'step':>6} {'gen':>6} {'update':>6} {'step/base':>26} {'per token':>26}")
+        for entry in settings:
+            print(f"{entry['setting']:<46} {entry['step_s']:>6.1f} {entry['gen_s']:>6.1f} {entry['update_actor_s']:>6.1f} "
+                  f"{ratio_text(entry['step_vs_baseline'], entry['step_vs_baseline_interval']):>26} "
+                  f"{ratio_text(entry['per_token_vs_baseline'], entry['per_token_vs_baseline_interval']):>26}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(rows, f, indent=2)
+        json.dump({"runs": rows, "settings": settings}, f, indent=2)
     print(f"wrote {args.out}")
 
 
