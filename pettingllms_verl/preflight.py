@@ -658,7 +658,7 @@ def _check_attention(config: DictConfig, views: list[tuple[str | None, DictConfi
         raise ConfigError(key, f"{implementation}{' (verl default)' if _select(config, key) is None else ''}, "
                           f"and the {package} package is not installed here",
                           f"install a build of it for your torch and CUDA (pip install flash-attn --no-build-isolation), "
-                          f"or set {key}=sdpa and {padding}=false (recipes/base/cpu_tiny.yaml does)")
+                          f"or set ++{key}=sdpa and {padding}=false (recipes/base/cpu_tiny.yaml does; ++ adds the key where verl's override_config is empty)")
 
     for group, view in views:
         if _select(view, "actor_rollout_ref.actor.strategy") in ("fsdp", "fsdp2"):  # Megatron builds its own attention

@@ -502,6 +502,7 @@ def test_flash_attention_without_its_package_is_refused_naming_the_key(tmp_path,
         check(mas_config(tmp_path, **fsdp))
     assert error.value.key == "actor_rollout_ref.model.override_config.attn_implementation"
     assert "actor_rollout_ref.model.use_remove_padding=false" in str(error.value)
+    assert "++actor_rollout_ref.model.override_config.attn_implementation=sdpa" in str(error.value)  # Hydra refuses a plain override: the key is absent
     sdpa = {**fsdp, "actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
     check(mas_config(tmp_path, **sdpa))
     with pytest.raises(ConfigError) as error:

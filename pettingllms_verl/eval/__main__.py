@@ -13,12 +13,14 @@ reward and parse-failure rate), ``episodes.jsonl`` (every prompt, reply, parsed 
 state and tree branch), ``games.jsonl`` (one result per episode), ``summary.md`` (one entry per run:
 its models, checkpoint, success, time) and ``runs/<LABEL>/`` (main_ppo's log and metrics).
 
-Examples:
+Examples (from the repository, where the recipes read ./artifacts):
   # the real model untrained, single agent vs team, on two environments
-  pettingllms-eval --envs plan_path,sokoban --methods sa,mas \\
-      --set actor_rollout_ref.model.path=$PETTINGLLMS_ARTIFACTS/smollm2_135m --out eval/untrained
-  # a trained per-role run, its best checkpoint on val, as trained and swapped
-  pettingllms-eval plan_path_mas_full_cpu@$PETTINGLLMS_ARTIFACTS/checkpoints/plan_path_mas_full_cpu --out eval/l2
+  # (make real-model data-plan_path_6x6 data-sokoban_6x6 builds what they read)
+  pettingllms-eval --envs plan_path,sokoban --methods sa,mas --target cpu \\
+      --set actor_rollout_ref.model.path=$PWD/artifacts/smollm2_135m --out eval/untrained
+  # a trained per-role run (make run RECIPE=plan_path_mas_full_cpu), as trained and swapped: its last
+  # step, as the CPU recipes do not validate; a run that validated may leave the default, its best step on val
+  pettingllms-eval plan_path_mas_full_cpu@artifacts/checkpoints/plan_path_mas_full_cpu --select latest --out eval/l2
 """
 
 from __future__ import annotations
