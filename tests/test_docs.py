@@ -3,6 +3,7 @@ navigation fails), the configuration reference is the one the schema generates, 
 schema has its help, and every command the README and the pages under docs/ show names things that
 exist: make targets, modules and their flags, scripts, recipes and their Hydra keys."""
 
+import ast
 import functools
 import importlib.util
 import re
@@ -17,6 +18,7 @@ import pytest
 from pettingllms_verl import config_reference
 from pettingllms_verl.config import PettingLLMsConfig
 from pettingllms_verl.eval import runs
+from pettingllms_verl.eval.__main__ import parse_args, run_specs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,11 +67,31 @@ def page_commands(page: str) -> list[tuple[int, str]]:
     return commands
 
 
+def docstring_commands(path: str) -> list[tuple[int, str]]:
+    """(line, command) of the indented example commands of a CLI's docstring (what its --help prints)."""
+    text = ast.get_docstring(ast.parse((REPO / path).read_text()), clean=False)
+    commands, pending, start = [], "", 0
+    for number, line in enumerate(text.splitlines(), start=1):  # the docstring opens the file's first line
+        code = line.strip()
+        if not (line.startswith("  ") and (pending or code.startswith(("pettingllms-", "python ")))):
+            continue
+        start = start or number
+        if code.endswith("\\"):
+            pending += code[:-1] + " "
+            continue
+        commands.append((start, pending + code))
+        pending, start = "", 0
+    return commands
+
+
+EVAL_CLI = "pettingllms_verl/eval/__main__.py"
 COMMANDS = [(page, line, command) for page in PAGES for line, command in page_commands(page)]
+COMMANDS += [(EVAL_CLI, line, command) for line, command in docstring_commands(EVAL_CLI)]
 
 
 def test_the_readme_and_the_pages_show_commands():
     assert len(page_commands("README.md")) >= 3 and len(COMMANDS) >= 20
+    assert len(docstring_commands(EVAL_CLI)) >= 2
 
 
 @functools.cache
@@ -87,12 +109,12 @@ def page_recipes(page: str) -> dict[str, str]:
     return recipes
 
 
-def recipe_folder(page: str, words: list[str], recipe: str, scratch) -> Path:
-    """Where a command's recipe is read from: its --config-path (``$PWD`` the repository), else the
-    package's recipes; a recipe the page itself writes out is added to a copy of that folder."""
+def recipe_folder(page: str, path: str | None, recipe: str, scratch) -> Path:
+    """Where a command's recipe is read from: ``path`` (its --config-path or --recipes; ``$PWD`` the
+    repository), else the package's recipes; a recipe the page itself writes out is added to a copy
+    of that folder."""
     folder = REPO / "recipes"  # the package's (pkg://pettingllms_verl.recipes) as in the repository
-    path = words[words.index("--config-path") + 1] if "--config-path" in words[:-1] else "pkg://"
-    if not path.startswith("pkg://"):
+    if path and not path.startswith("pkg://"):
         folder = Path(path.replace("$PWD", str(REPO)))
     written = page_recipes(page)
     if not (folder / f"{recipe}.yaml").is_file() and recipe in written:
@@ -101,6 +123,16 @@ def recipe_folder(page: str, words: list[str], recipe: str, scratch) -> Path:
         (copy / f"{recipe}.yaml").write_text(written[recipe])
         folder = copy
     return folder
+
+
+def composes(where: str, recipe: str, overrides: list[str], folder: Path) -> None:
+    """The recipe composes with the overrides (those naming no shell variable): an unknown key, a
+    plain override of a key the recipe lacks, a ``+`` on one it has, or a bad value fails here."""
+    assert (folder / f"{recipe}.yaml").is_file(), f"{where}: no recipe {recipe} in {folder}"
+    try:
+        runs.compose(recipe, [o for o in overrides if "$" not in o], folder)
+    except runs.EvalError as error:
+        raise AssertionError(f"{where}: {error}") from None
 
 
 @pytest.mark.parametrize("page, line, command", COMMANDS, ids=lambda value: str(value)[:40])
@@ -125,16 +157,17 @@ def test_every_command_on_every_page_names_what_exists(page, line, command, tmp_
             flags = {w.split("=", 1)[0] for w in words if w.startswith("--")}
             missing = sorted(flag for flag in flags if flag not in help_text(module))
             assert not missing, f"{where}: {module} has no {', '.join(missing)}"
+        if module == "pettingllms_verl.eval":  # each run's recipe, with the --set overrides
+            args = parse_args(words[words.index(module) + 1 if module in words else 1:])
+            path = words[words.index("--recipes") + 1] if "--recipes" in words[:-1] else None
+            for _, recipe, _ in run_specs(args):
+                composes(where, recipe, args.overrides, recipe_folder(page, path, recipe, tmp_path))
     for index, word in enumerate(words):
         if word == "--config-name" and index + 1 < len(words):
             recipe = words[index + 1]
-            folder = recipe_folder(page, words, recipe, tmp_path)
-            assert (folder / f"{recipe}.yaml").is_file(), f"{where}: no recipe {recipe} in {folder}"
-            overrides = [w for w in words[index + 2:] if "=" in w and not w.startswith("-") and "$" not in w]
-            try:
-                runs.compose(recipe, overrides, folder)  # an unknown key or a bad value fails here
-            except runs.EvalError as error:
-                raise AssertionError(f"{where}: {error}") from None
+            path = words[words.index("--config-path") + 1] if "--config-path" in words[:-1] else None
+            overrides = [w for w in words[index + 2:] if "=" in w and not w.startswith("-")]
+            composes(where, recipe, overrides, recipe_folder(page, path, recipe, tmp_path))
         if word.endswith((".py", ".sh")) and "/" in word and not word.startswith(("$", "<")):
             assert (REPO / word).is_file(), f"{where}: no file {word}"
 
