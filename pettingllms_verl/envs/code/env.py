@@ -6,12 +6,15 @@ Task: ``{"problem": str, "tests": [...], "solution": str | None}``: the ground-t
 shown to either role) and, where the dataset has one, a reference solution. A test is either
 ``{"input": str, "output": str}`` (the program's stdin and expected stdout, compared token by token,
 whitespace-insensitive) or ``{"check": str}`` (Python run after the program, e.g. HumanEval's
-``check(candidate)``: it passes when the whole exits cleanly). A task with check tests is a
-*function* problem: the coder writes the function, and the tester's tests are calls of it with the
-values they must return. Every program runs in the sandbox, one process per test.
+``check(candidate)``: it passes when the whole exits cleanly after the check ran to its end, which a
+secret line printed after it proves: a program that exits early, ``exit(0)`` or ``os._exit(0)``,
+passes nothing). A task with check tests is a *function* problem: the coder writes the function, and
+the tester's tests are calls of it (of a function the problem defines) with the Python literals they
+must return. Every program runs in the sandbox, one process per test.
 
 Roles. MAS, each turn: ``tester`` then ``coder`` (tests first, as in test-driven development).
-- tester: ``<input>..</input><output>..</output>`` pairs. Local reward: the fraction of its tests
+- tester: ``<input>..</input><output>..</output>`` pairs (in a function problem, a pair that is not
+  a call and a literal is not read: ``1 == 1`` tests nothing). Local reward: the fraction of its tests
   whose expected output is what the reference solution prints for that input (a reference that
   crashes on the input fails the test too); without a reference solution in the task, the coder's
   last program stands in once it passes every ground-truth test, and until then the reward is 0.
@@ -29,6 +32,9 @@ Without a task, ``reset(seed)`` takes problem ``seed % N`` of the small fixture 
 
 from __future__ import annotations
 
+import ast
+import re
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
@@ -66,6 +72,22 @@ def call_check(call: str, expected: str) -> Check:
     return Check(f"\n\nassert ({call}) == ({expected.strip()}), 'returned ' + repr({call})\n")
 
 
+def defined_functions(problem: str) -> frozenset[str]:
+    """The functions a function problem's text defines (HumanEval's prompt: the signature to complete)."""
+    return frozenset(re.findall(r"^[ \t]*def[ \t]+([A-Za-z_]\w*)[ \t]*\(", problem, re.M))
+
+
+def is_call_test(call: str, expected: str, functions: frozenset[str]) -> bool:
+    """A tester's pair as a function problem's prompt asks for it: a call of one of ``functions`` (of
+    any named function where the problem defines none) and the Python literal it must return."""
+    try:
+        tree = ast.parse(call.strip(), mode="eval").body
+        ast.literal_eval(expected.strip())
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return False
+    return isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and (not functions or tree.func.id in functions)
+
+
 @dataclass(frozen=True)
 class TestOutcome:
     passed: bool
@@ -84,9 +106,12 @@ def run_tests(code: str, tests: Sequence[Test], limits: SandboxLimits) -> list[T
 
     def one(test: Test) -> TestOutcome:
         if isinstance(test, Check):
-            run = run_python(code + "\n" + test.code, stdin="", limits=limits)
+            ran = secrets.token_hex(16)  # printed once the check has run: a program that exits early never prints it
+            run = run_python(f"{code}\n{test.code}\nprint({ran!r})\n", stdin="", limits=limits)
+            if run.ok and not run.stdout.rstrip().endswith(ran):
+                return TestOutcome(False, run.status, "the program exited before the test ran")
             last = run.stderr.strip().splitlines()[-1:] if not run.ok else []
-            return TestOutcome(run.ok, run.status, last[0] if last else run.stdout)
+            return TestOutcome(run.ok, run.status, last[0] if last else run.stdout.rstrip().removesuffix(ran))
         run = run_python(code, stdin=test[0], limits=limits)
         return TestOutcome(run.ok and same_output(run.stdout, test[1]), run.status, run.stdout)
 
@@ -125,6 +150,7 @@ class CodeEnv(Env):
         self.problem = task["problem"]
         self.ground_truth: tuple[Test, ...] = tuple(task_test(t) for t in tests)
         self.function = any(isinstance(t, Check) for t in self.ground_truth)  # a function problem: tests are calls
+        self.functions = defined_functions(self.problem)  # what a tester's call must call
         self.solution: str | None = task.get("solution") or None
         self.done = self.success = self.truncated = False
         self.turn = 0
@@ -168,6 +194,8 @@ class CodeEnv(Env):
     def _tester_step(self, text: str) -> StepResult:
         self.tester_acted = True
         tests = parse_io_tests(text, self.max_tests, MAX_TEST_CHARS)
+        if self.function:
+            tests = [test for test in tests if is_call_test(*test, self.functions)]
         if not tests:
             return StepResult(PARSE_PENALTY, False, {})
         self.tests = tuple(tests)
