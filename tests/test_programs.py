@@ -88,6 +88,8 @@ def test_a_request_names_an_agent_and_carries_its_sampling_values():
     ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "one choice"),
     ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
     ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p: 0; must be in (0, 1]"),
+    ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "stop": list("abcde")}, 400, "at most 4"),
     ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}, 400, "tools[0]"),
     (["not", "an", "object"], 400, "JSON object"),
 ])
@@ -95,6 +97,14 @@ def test_a_bad_request_is_refused_with_the_reason(body, status, words):
     with pytest.raises(GatewayError) as error:
         parse_request(body, AGENTS)
     assert error.value.status == status and words in error.value.message
+
+
+def test_a_temperature_too_small_to_score_is_greedy():
+    """1e-300 is 0 in float32: a row scored at it would divide its logits into inf. Below 1e-5 a
+    request samples greedily (as vLLM does) and its rows are scored at 1, as greedy replies are."""
+    ask = {"model": "writer", "messages": [{"role": "user", "content": "x"}]}
+    assert parse_request({**ask, "temperature": 1e-300}, AGENTS).sampling == {"temperature": 0.0}
+    assert parse_request({**ask, "temperature": 2e-5}, AGENTS).sampling == {"temperature": 2e-5}
 
 
 def test_the_reward_forms_and_what_is_refused():
@@ -168,7 +178,7 @@ def test_a_run_waits_for_a_slot_and_its_time_limit_starts_when_it_gets_one(tmp_p
 
 def test_the_gateway_answers_its_session_only_and_forgets_it_when_closed():
     async def main():
-        door = Gateway(max_request_bytes=4096)
+        door = Gateway(max_request_bytes=8192)
         await door.start()
         seen = []
 
@@ -187,7 +197,11 @@ def test_the_gateway_answers_its_session_only_and_forgets_it_when_closed():
                 assert r.status == 200 and await r.json() == {"ok": "checker"}
             async with http.post(f"{base}/chat/completions", data=b"{not json") as r:
                 assert r.status == 400 and "not JSON" in (await r.json())["error"]["message"]
-            async with http.post(f"{base}/chat/completions", json={**body, "pad": "x" * 8000}) as r:
+            for unreadable, headers in ((b"[" * 3000 + b"]" * 3000, {}), (b'{"model": ' + b"9" * 5000 + b"}", {}),  # too deep; a number Python will not read
+                                        (b"{}", {"Content-Type": "application/json; charset=no-such-codec"})):
+                async with http.post(f"{base}/chat/completions", data=unreadable, headers=headers) as r:  # a 400, not a 500 the client retries
+                    assert r.status == 400 and "not JSON" in (await r.json())["error"]["message"], unreadable[:20]
+            async with http.post(f"{base}/chat/completions", json={**body, "pad": "x" * 9000}) as r:
                 assert r.status == 413 and "max_request_bytes" in (await r.json())["error"]["message"]
             async with http.post(f"{base.replace(token, 'guessed')}/chat/completions", json=body) as r:
                 assert r.status == 404

@@ -24,6 +24,8 @@ from typing import Any, Awaitable, Callable, Sequence
 from aiohttp import web
 
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+GREEDY_BELOW = 1e-5  # a smaller positive temperature samples greedily, as vLLM's does, and is scored as greedy replies are (at 1)
+MAX_STOP = 4  # stop sequences per request, as OpenAI's API allows
 
 
 class GatewayError(Exception):
@@ -76,7 +78,7 @@ def _tool_calls(calls: Any, where: str) -> list[dict]:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, or JSON Python will not read (a 5,000-digit number, deep nesting)
                 pass  # kept as the text the model wrote: the template renders it as it came
         out.append({"id": str(call.get("id", "")), "type": "function", "function": {"name": function["name"], "arguments": arguments}})
     return out
@@ -134,10 +136,14 @@ def parse_request(body: Any, agents: Sequence[str]) -> ChatRequest:
     if body.get("n", 1) != 1:
         raise GatewayError(400, f"n: {body.get('n')!r}; one choice per call (call again for another sample)")
     sampling: dict[str, Any] = {}
-    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
-        value = _number(body, name, low, high)
-        if value is not None:
-            sampling[name] = value
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    if temperature is not None:  # a tiny one would divide the logits into inf when scored: greedy, as vLLM samples it
+        sampling["temperature"] = temperature if temperature >= GREEDY_BELOW else 0.0
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise GatewayError(400, "top_p: 0; must be in (0, 1] (for greedy replies send temperature=0)")
+    if top_p is not None:
+        sampling["top_p"] = top_p
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -146,8 +152,8 @@ def parse_request(body: Any, agents: Sequence[str]) -> ChatRequest:
     stop = body.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise GatewayError(400, "stop: must be a string or a list of non-empty strings")
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP:
+            raise GatewayError(400, f"stop: must be a string or a list of at most {MAX_STOP} non-empty strings")
         if stop:
             sampling["stop"] = stop
     return ChatRequest(agent=agent, messages=_messages(body.get("messages")), tools=_tools(body.get("tools")), sampling=sampling)
@@ -227,8 +233,8 @@ class Gateway:
                 body = await request.json(loads=json.loads)
             except web.HTTPRequestEntityTooLarge:
                 raise GatewayError(413, f"the request is over {self.max_request_bytes} bytes (pettingllms.program.max_request_bytes)") from None
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise GatewayError(400, f"the body is not JSON: {error}") from None
+            except (ValueError, RecursionError, LookupError) as error:  # not JSON or not text; too deep, a number too long, an unknown charset
+                raise GatewayError(400, f"the body is not JSON Python can read: {type(error).__name__}: {str(error)[:200]}") from None
             return web.json_response(await session.handler(parse_request(body, session.agents)))
         except GatewayError as error:
             return web.json_response(error.body(), status=error.status)
