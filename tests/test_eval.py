@@ -115,6 +115,13 @@ def test_unknown_environment_recipe_and_split(env, capsys):
     assert "--split holdout" in err and "holdout.parquet does not exist" in err
 
 
+@pytest.mark.parametrize("label", ["..", ".", "/home/me", "a/b", "x y"])
+def test_a_label_that_is_no_folder_name_is_refused_before_anything_is_cleared(env, capsys, label):
+    """A run's folder, --out/runs/<label>, is cleared before it plays: '..' was the whole --out
+    folder, an absolute label a folder anywhere."""
+    assert f"run label {label!r}: use letters, digits" in error_of(capsys, f"{label}={RECIPE}")
+
+
 def test_missing_model_names_how_to_get_it(env, capsys):
     err = error_of(capsys, RECIPE, "--set", f"actor_rollout_ref.model.path={env}/smollm2_135m")
     assert f"no model at {env}/smollm2_135m" in err and "make real-model" in err

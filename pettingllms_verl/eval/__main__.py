@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from pettingllms_verl.eval.runs import EvalError, Run
 from pettingllms_verl.rollout import faults
 
 METHOD_RECIPES = {"sa": "sa_grpo", "mas": "mas_atgrpo"}  # --methods -> recipe mode (<env>_<mode>_<target>)
+LABEL = re.compile(r"[A-Za-z0-9._-]+")  # a run's label: its folder's name under --out/runs
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -91,6 +93,9 @@ def run_specs(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
             raise EvalError(f"--methods {args.methods}: use sa, mas or sa,mas")
         specs += [(f"{env}_{m}", f"{env}_{METHOD_RECIPES[m]}_{args.target}", None) for env in names for m in methods]
     labels = [label for label, _, _ in specs]
+    unsafe = next((label for label in labels if not LABEL.fullmatch(label) or set(label) == {"."}), None)
+    if unsafe is not None:  # a label names the run's folder under --out/runs, which is cleared before it plays
+        raise EvalError(f"run label {unsafe!r}: use letters, digits, '.', '_' and '-' (not '.' or '..' alone): LABEL=RECIPE[@CHECKPOINT]")
     duplicate = next((label for label in labels if labels.count(label) > 1), None)
     if duplicate:
         raise EvalError(f"run label {duplicate!r} given twice; name runs apart with LABEL=RECIPE[@CHECKPOINT]")
