@@ -79,6 +79,10 @@ def test_io_tests_are_read_in_order_capped_and_oversized_ones_skipped():
     text = io_reply(("1 2\n", "3\n"), ("x" * 50, "y\n"), ("4 4\n", "8\n"), ("0 0\n", "0\n"))
     assert parse_io_tests(text, max_tests=2, max_chars=20) == [("1 2\n", "3\n"), ("4 4\n", "8\n")]
     assert parse_io_tests("<input>1</input> and no output", 5, 100) == []
+    # an input without its output is no test, and does not swallow the next pair (the regex this
+    # replaced read "a</input> junk <input>b" as one input)
+    assert parse_io_tests("<input>a</input> junk <input>\nb</input>\n \n<output>\nc\n</output>", 5, 100) == [("b", "c\n")]
+    assert parse_io_tests("<input>" * 20_000 + "<input>x</input>" * 20_000, 5, 100) == []  # degenerate, read in one pass
 
 
 # --- episodes --------------------------------------------------------------------------------

@@ -84,18 +84,33 @@ def last_boxed(text: str, max_chars: int = 200) -> str | None:
     return None
 
 
-_IO_TEST_RE = re.compile(r"<input>\n?(.*?)</input>\s*<output>\n?(.*?)</output>", re.DOTALL)
-
-
 def parse_io_tests(text: str, max_tests: int, max_chars: int) -> list[tuple[str, str]]:
     """Unit tests written as ``<input>stdin</input><output>expected stdout</output>`` pairs, in
-    order; at most ``max_tests``, and a pair with either part over ``max_chars`` is skipped."""
-    tests = []
-    for stdin, stdout in _IO_TEST_RE.findall(strip_think(text)):
+    order; at most ``max_tests``, and a pair with either part over ``max_chars`` is skipped. A pair
+    is an ``<input>`` to its first ``</input>``, then (after whitespace) ``<output>`` to its first
+    ``</output>``; one newline after either opening tag is not part of the text. One pass over the
+    reply: a regex with lazy groups rescans the rest of it from every unpaired ``<input>``, quadratic
+    on a degenerate reply of thousands of them."""
+    text = strip_think(text)
+    tests, at = [], 0
+    while len(tests) < max_tests:
+        start = text.find("<input>", at)
+        close = text.find("</input>", start) if start >= 0 else -1
+        if close < 0:
+            break
+        at = close + len("</input>")
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if not text.startswith("<output>", at):
+            continue  # an input without its output: no test
+        end = text.find("</output>", at)
+        if end < 0:
+            break
+        stdin = text[start + len("<input>") : close].removeprefix("\n")
+        stdout = text[at + len("<output>") : end].removeprefix("\n")
+        at = end + len("</output>")
         if len(stdin) <= max_chars and len(stdout) <= max_chars:
             tests.append((stdin, stdout))
-            if len(tests) >= max_tests:
-                break
     return tests
 
 
