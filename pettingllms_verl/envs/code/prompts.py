@@ -1,6 +1,6 @@
 """Prompts of the coding team: a tester that writes unit tests, a coder that writes the program.
 
-Replies are parsed with ``parsing.parse_io_tests`` (tester) and ``parsing.extract_code`` (coder).
+Replies are parsed with ``text.parse_io_tests`` (tester) and ``text.extract_code`` (coder).
 """
 
 from __future__ import annotations

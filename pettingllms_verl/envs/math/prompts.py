@@ -1,6 +1,6 @@
 """Prompts of the math team: a tool agent that computes with Python, a reasoner that answers.
 
-Replies are parsed with ``parsing.extract_code`` (tool) and ``parsing.last_boxed`` (reasoner).
+Replies are parsed with ``text.extract_code`` (tool) and ``text.last_boxed`` (reasoner).
 """
 
 from __future__ import annotations

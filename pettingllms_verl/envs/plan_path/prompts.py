@@ -1,4 +1,4 @@
-"""Plan-Path prompts (replies are parsed with ``parsing.parse_moves``)."""
+"""Plan-Path prompts (replies are parsed with ``text.parse_moves``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sokoban prompts (replies are parsed with ``parsing.parse_moves``)."""
+"""Sokoban prompts (replies are parsed with ``text.parse_moves``)."""
 
 from __future__ import annotations
 
