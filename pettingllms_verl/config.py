@@ -30,6 +30,7 @@ pettingllms:
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -39,6 +40,7 @@ from omegaconf.errors import OmegaConfBaseException
 SECTION = "pettingllms"
 DEFAULT_POLICY = "shared"  # the one policy of a run that lists none (L0)
 ADAPTER_GROUP = "lora"  # the worker group of the adapter policies (L1): one base model, one adapter per policy
+POLICY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")  # a policy's name: its checkpoint folder and metric prefix
 # where the adapter table travels to the trainer engine and the rollout (verl's free-form model.lora dict)
 ADAPTERS_KEY = "pettingllms_adapters"
 # The rollout whose vLLM servers are named per policy (backends/vllm_multilora.py): the adapters of
@@ -277,6 +279,9 @@ class PettingLLMsConfig:
         table = self.policy_table()
         for name, policy in table.items():
             key = f"{SECTION}.policies.{name}"
+            if not POLICY_NAME.fullmatch(name):
+                raise SettingsError(f"{key}: the name {name!r} names the policy's checkpoint folder and its metrics (policy/<name>/...); "
+                                    "use letters, digits, '_' and '-' (not first)")
             if policy.pool not in ("shared", "own"):
                 raise SettingsError(f"{key}.pool: {policy.pool!r} is not 'shared' or 'own'")
             if policy.pool == "shared" and (policy.n_gpus_per_node is not None or policy.nnodes is not None):

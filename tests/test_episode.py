@@ -149,6 +149,9 @@ def test_group_by_keeps_only_the_named_parts_of_the_key(group_by, groups):
         ({"k": 0}, "pettingllms.k"),
         ({"roles": {"plan": {"sampling": {"temprature": 1.0}}}}, "pettingllms.roles.plan.sampling"),
         ({"alhpa": 1.0}, "pettingllms.alhpa"),
+        ({"policies": {"../../x": {}, "b": {}}, "roles": {"plan": {"policy": "../../x"}, "tool": {"policy": "b"}}},
+         r"names the policy's checkpoint folder"),  # a path out of the checkpoint folder
+        ({"policies": {"a b": {}}}, r"pettingllms.policies.a b: the name 'a b'"),
     ],
 )
 def test_bad_settings_name_the_key(section, message):
