@@ -54,6 +54,9 @@ CRITICS_DIR = "critics"  # global_step_N/critics/<group>/: the value model of ea
 VAL_METRICS = "val_metrics.json"  # global_step_N/val_metrics.json: the validation of that step's weights
 # a training row's field (and tag): the temperature its reply was sampled at, which its log-probs use
 ROW_TEMPERATURE = "mas_temperature"
+# the smallest positive sampling temperature: below it vLLM samples greedily, and a row scored at it
+# divides its logits into inf (1e-300 is 0 in float32); 0 is greedy
+GREEDY_BELOW = 1e-5
 
 
 def key(help: str, default: Any = None, factory: Any = None) -> Any:
@@ -192,7 +195,7 @@ class PettingLLMsConfig:
     env_kwargs: Dict[str, Any] = key("the environment's options: pettingllms_verl.envs.make(name, **env_kwargs)", factory=dict)
     envs: Dict[str, str] = key("your environments: name -> 'module:Class' (or 'file.py:Class'), registered in every rollout worker; rows name them in extra_info.env", factory=dict)
     roles: Dict[str, RoleConfig] = key("per role: policy and sampling overrides", factory=dict)
-    policies: Dict[str, PolicyConfig] = key("name -> policy; empty: one policy \"shared\"", factory=dict)
+    policies: Dict[str, PolicyConfig] = key("name -> policy (a name: letters, digits, _ and -; it names the checkpoint folder and metrics); empty: one policy \"shared\"", factory=dict)
     swap_policies: Optional[List[str]] = key("two policy names: validation also runs with each one's roles served by the other (metrics under swap/)")
     paths: PathsConfig = key("where models, data, checkpoints and logs go", factory=PathsConfig)
     trainer: TrainerConfig = key("knobs of the mas_sync trainer", factory=TrainerConfig)
@@ -308,6 +311,10 @@ class PettingLLMsConfig:
                     f"{SECTION}.roles.{role}.policy: unknown policy {config.policy!r}; defined: {sorted(table)} "
                     f"(add it under {SECTION}.policies)"
                 )
+            for part in ("sampling", "val_sampling"):
+                temperature = getattr(config, part).temperature
+                if temperature is not None and not (temperature == 0 or GREEDY_BELOW <= temperature):
+                    raise SettingsError(f"{SECTION}.roles.{role}.{part}.temperature: {temperature}; 0 (greedy) or at least {GREEDY_BELOW}")
         if self.swap_policies is not None:
             if len(self.swap_policies) != 2 or len(set(self.swap_policies)) != 2:
                 raise SettingsError(f"{SECTION}.swap_policies: {self.swap_policies}; give two different policy names")

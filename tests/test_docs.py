@@ -141,7 +141,7 @@ def test_every_command_on_every_page_names_what_exists(page, line, command, tmp_
     quickstart itself runs in tests/test_quickstart_e2e.py): a renamed target, flag, recipe or key
     fails here with the page and line."""
     where = f"{page}:{line}: {command}"
-    words = shlex.split(command)
+    words = [part for word in shlex.split(command) for part in (word.split("=", 1) if word.startswith("--") and "=" in word else [word])]
     while words and "=" in words[0] and not words[0].startswith("-"):  # VAR=value prefixes
         words = words[1:]
     if not words:
@@ -158,7 +158,10 @@ def test_every_command_on_every_page_names_what_exists(page, line, command, tmp_
             missing = sorted(flag for flag in flags if flag not in help_text(module))
             assert not missing, f"{where}: {module} has no {', '.join(missing)}"
         if module == "pettingllms_verl.eval":  # each run's recipe, with the --set overrides
-            args = parse_args(words[words.index(module) + 1 if module in words else 1:])
+            try:
+                args = parse_args(words[words.index(module) + 1 if module in words else 1:])
+            except SystemExit:
+                raise AssertionError(f"{where}: pettingllms-eval refuses these arguments (its message is above)") from None
             path = words[words.index("--recipes") + 1] if "--recipes" in words[:-1] else None
             for _, recipe, _ in run_specs(args):
                 composes(where, recipe, args.overrides, recipe_folder(page, path, recipe, tmp_path))

@@ -152,6 +152,8 @@ def test_group_by_keeps_only_the_named_parts_of_the_key(group_by, groups):
         ({"policies": {"../../x": {}, "b": {}}, "roles": {"plan": {"policy": "../../x"}, "tool": {"policy": "b"}}},
          r"names the policy's checkpoint folder"),  # a path out of the checkpoint folder
         ({"policies": {"a b": {}}}, r"pettingllms.policies.a b: the name 'a b'"),
+        ({"roles": {"plan": {"sampling": {"temperature": 1e-300}}}}, r"roles.plan.sampling.temperature: 1e-300; 0 \(greedy\) or at least 1e-05"),
+        ({"roles": {"plan": {"val_sampling": {"temperature": -1.0}}}}, r"roles.plan.val_sampling.temperature: -1.0"),
     ],
 )
 def test_bad_settings_name_the_key(section, message):

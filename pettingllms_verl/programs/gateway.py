@@ -23,8 +23,9 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
+from pettingllms_verl.config import GREEDY_BELOW
+
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-GREEDY_BELOW = 1e-5  # a smaller positive temperature samples greedily, as vLLM's does, and is scored as greedy replies are (at 1)
 MAX_STOP = 4  # stop sequences per request, as OpenAI's API allows
 
 

@@ -7,8 +7,8 @@ shown to either role) and, where the dataset has one, a reference solution. A te
 ``{"input": str, "output": str}`` (the program's stdin and expected stdout, compared token by token,
 whitespace-insensitive) or ``{"check": str}`` (Python run after the program, e.g. HumanEval's
 ``check(candidate)``: it passes when the whole exits cleanly after the check ran to its end, which a
-secret line printed after it proves: a program that exits early, ``exit(0)`` or ``os._exit(0)``,
-passes nothing). A task with check tests is a *function* problem: the coder writes the function, and
+line of random text printed after it shows: a program that exits early, ``exit(0)`` or
+``os._exit(0)``, passes nothing; a check must not exit itself). A task with check tests is a *function* problem: the coder writes the function, and
 the tester's tests are calls of it (of a function the problem defines) with the Python literals they
 must return. Every program runs in the sandbox, one process per test.
 
@@ -67,24 +67,28 @@ Test = tuple[str, str] | Check  # (stdin, expected stdout), or a check
 
 
 def call_check(call: str, expected: str) -> Check:
-    """A tester's test of a function problem: ``call`` must return ``expected`` (Python expressions)."""
-    call = call.strip()
-    return Check(f"\n\nassert ({call}) == ({expected.strip()}), 'returned ' + repr({call})\n")
+    """A tester's test of a function problem (an ``is_call_test`` pair): ``call`` must return
+    ``expected``; both as Python reads them, so that a comment in either ends nothing but itself."""
+    call, expected = (ast.unparse(ast.parse(text.strip(), mode="eval")) for text in (call, expected))
+    return Check(f"\n\nassert ({call}) == ({expected}), 'returned ' + repr({call})\n")
 
 
 def defined_functions(problem: str) -> frozenset[str]:
-    """The functions a function problem's text defines (HumanEval's prompt: the signature to complete)."""
-    return frozenset(re.findall(r"^[ \t]*def[ \t]+([A-Za-z_]\w*)[ \t]*\(", problem, re.M))
+    """The functions and classes a function problem's text defines (HumanEval's prompt: the signature to complete)."""
+    return frozenset(re.findall(r"^[ \t]*(?:def|class)[ \t]+([A-Za-z_]\w*)", problem, re.M))
 
 
 def is_call_test(call: str, expected: str, functions: frozenset[str]) -> bool:
-    """A tester's pair as a function problem's prompt asks for it: a call of one of ``functions`` (of
-    any named function where the problem defines none) and the Python literal it must return."""
+    """A tester's pair as a function problem's prompt asks for it: a call of one of ``functions``
+    (``f(...)``, or a method of a class's object, ``C(...).m(...)``; any named function where the
+    problem defines none) and the Python literal it must return."""
     try:
         tree = ast.parse(call.strip(), mode="eval").body
         ast.literal_eval(expected.strip())
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
         return False
+    if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Attribute) and isinstance(tree.func.value, ast.Call):
+        tree = tree.func.value  # C(...).m(...): the object's class
     return isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and (not functions or tree.func.id in functions)
 
 
@@ -106,12 +110,12 @@ def run_tests(code: str, tests: Sequence[Test], limits: SandboxLimits) -> list[T
 
     def one(test: Test) -> TestOutcome:
         if isinstance(test, Check):
-            ran = secrets.token_hex(16)  # printed once the check has run: a program that exits early never prints it
+            ran = "\n" + secrets.token_hex(16)  # a line printed once the check has run: a program that exits early never prints it
             run = run_python(f"{code}\n{test.code}\nprint({ran!r})\n", stdin="", limits=limits)
-            if run.ok and not run.stdout.rstrip().endswith(ran):
+            if run.ok and ran[1:] not in run.stdout.splitlines():
                 return TestOutcome(False, run.status, "the program exited before the test ran")
             last = run.stderr.strip().splitlines()[-1:] if not run.ok else []
-            return TestOutcome(run.ok, run.status, last[0] if last else run.stdout.rstrip().removesuffix(ran))
+            return TestOutcome(run.ok, run.status, last[0] if last else run.stdout.replace(ran + "\n", "", 1))
         run = run_python(code, stdin=test[0], limits=limits)
         return TestOutcome(run.ok and same_output(run.stdout, test[1]), run.status, run.stdout)
 
