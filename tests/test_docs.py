@@ -47,34 +47,10 @@ def test_every_key_has_its_help():
 PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
 
 
-def page_commands(page: str) -> list[tuple[int, str]]:
-    """(line, command) of every command in a page's ``bash`` blocks (comments and continuations joined)."""
-    text = (REPO / page).read_text()
-    commands = []
-    for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
-        first_line = text.count("\n", 0, block.start()) + 2
-        pending, start = "", 0
-        for offset, line in enumerate(block.group(1).splitlines()):
-            code = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
-            if not code:
-                continue
-            start = start or first_line + offset
-            if code.endswith("\\"):
-                pending += code[:-1] + " "
-                continue
-            commands.append((start, pending + code))
-            pending, start = "", 0
-    return commands
-
-
-def docstring_commands(path: str) -> list[tuple[int, str]]:
-    """(line, command) of the indented example commands of a CLI's docstring (what its --help prints)."""
-    text = ast.get_docstring(ast.parse((REPO / path).read_text()), clean=False)
+def joined(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """(line, command) of numbered lines of code, continuations (a trailing backslash) joined."""
     commands, pending, start = [], "", 0
-    for number, line in enumerate(text.splitlines(), start=1):  # the docstring opens the file's first line
-        code = line.strip()
-        if not (line.startswith("  ") and (pending or code.startswith(("pettingllms-", "python ")))):
-            continue
+    for number, code in lines:
         start = start or number
         if code.endswith("\\"):
             pending += code[:-1] + " "
@@ -82,6 +58,31 @@ def docstring_commands(path: str) -> list[tuple[int, str]]:
         commands.append((start, pending + code))
         pending, start = "", 0
     return commands
+
+
+def page_commands(page: str) -> list[tuple[int, str]]:
+    """(line, command) of every command in a page's ``bash`` blocks (comments and continuations joined)."""
+    text = (REPO / page).read_text()
+    commands = []
+    for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
+        first_line = text.count("\n", 0, block.start()) + 2
+        lines = [(first_line + offset, line.split(" #", 1)[0].strip()) for offset, line in enumerate(block.group(1).splitlines())
+                 if not line.lstrip().startswith("#")]
+        commands += joined([(number, code) for number, code in lines if code])
+    return commands
+
+
+def docstring_commands(path: str) -> list[tuple[int, str]]:
+    """(line, command) of the indented example commands of a CLI's docstring (what its --help prints):
+    the lines from one that starts with ``pettingllms-`` or ``python `` through its continuations."""
+    text = ast.get_docstring(ast.parse((REPO / path).read_text()), clean=False)
+    lines, going = [], False
+    for number, line in enumerate(text.splitlines(), start=1):  # the docstring opens the file's first line
+        code = line.strip()
+        if line.startswith("  ") and (going or code.startswith(("pettingllms-", "python "))):
+            lines.append((number, code))
+            going = code.endswith("\\")
+    return joined(lines)
 
 
 EVAL_CLI = "pettingllms_verl/eval/__main__.py"
