@@ -8,9 +8,10 @@ shown to either role) and, where the dataset has one, a reference solution. A te
 whitespace-insensitive) or ``{"check": str}`` (Python run after the program, e.g. HumanEval's
 ``check(candidate)``: it passes when the whole exits cleanly after the check ran to its end, which a
 line of random text printed after it shows: a program that exits early, ``exit(0)`` or
-``os._exit(0)``, passes nothing; a check must not exit itself). A task with check tests is a *function* problem: the coder writes the function, and
-the tester's tests are calls of it (of a function the problem defines) with the Python literals they
-must return. Every program runs in the sandbox, one process per test.
+``os._exit(0)``, passes nothing; a check must not exit itself). A task with check tests is a
+*function* problem: the coder writes the function, and the tester's tests are calls of it (of a
+function or class the problem defines, where it defines one) with the Python literals they must
+return. Every program runs in the sandbox, one process per test.
 
 Roles. MAS, each turn: ``tester`` then ``coder`` (tests first, as in test-driven development).
 - tester: ``<input>..</input><output>..</output>`` pairs (in a function problem, a pair that is not
