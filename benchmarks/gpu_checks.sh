@@ -4,7 +4,7 @@
 # fp32 and bf16), and one training step of each policy mode (L0 shared, L1 LoRA per role, L2 full
 # model per role) on Plan-Path through `python -m verl.trainer.main_ppo`. Each part has its own time
 # limit and log in OUT_DIR; a failed part does not stop the rest; the summary goes to stdout. A
-# main_ppo run spends ~80 s starting (Ray, workers, replicas) before its first step, so the tests (three
+# main_ppo run spends ~80 s starting (Ray, workers, replicas) before its first step, so the tests (four
 # xdist workers) and the three modes run side by side (16 cores, one GPU with room for all); the
 # benchmark runs first, alone.
 #
@@ -42,9 +42,12 @@ for mode in L0:plan_path_mas_atgrpo_cpu L1:plan_path_mas_lora_cpu L2:plan_path_m
     --config-path "$repo/recipes" --config-name "${mode#*:}" trainer.device=cuda trainer.total_training_steps=1 \
     trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 &
 done
-part test_gpu 420 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider --continue-on-collection-errors --basetemp=/tmp/gpu_checks_pytest tests
+# the two quickstart runs (2-4 min each) get their own workers: queued behind each other they outran the limit
+gpu_tests=(python3 -m pytest -q -n 2 -m gpu -p no:cacheprovider --continue-on-collection-errors)
+part test_gpu_quickstart 420 "${gpu_tests[@]}" --basetemp=/tmp/gpu_checks_pytest/quickstart tests/test_quickstart_e2e.py &
+part test_gpu 420 "${gpu_tests[@]}" --basetemp=/tmp/gpu_checks_pytest/rest --ignore=tests/test_quickstart_e2e.py tests
 wait
-grep -E "passed|failed|FAILED|ERROR" "$out/test_gpu.log" | tail -n 15
+grep -E "passed|failed|FAILED|ERROR" "$out/test_gpu.log" "$out/test_gpu_quickstart.log" | tail -n 15
 # per step: the quickstart test's runs (verl's file logger under the test's tmp dir), then each mode's
 python3 - "$metrics" <<'EOF'
 import glob, json, os, sys
