@@ -70,6 +70,12 @@ class SettingsError(ValueError):
     """A bad value in the ``pettingllms`` section; the message starts with its full key."""
 
 
+def check_temperature(key: str, temperature: Any) -> None:
+    """A sampling temperature (None: unset) is 0 (greedy) or at least ``GREEDY_BELOW``."""
+    if temperature is not None and not (isinstance(temperature, (int, float)) and (temperature == 0 or GREEDY_BELOW <= temperature)):
+        raise SettingsError(f"{key}: {temperature}; 0 (greedy) or at least {GREEDY_BELOW}")
+
+
 @dataclass
 class SamplingConfig:
     """Per-role overrides of verl's sampling params (unset = the rollout's own)."""
@@ -294,6 +300,7 @@ class PettingLLMsConfig:
             unknown = set(policy.overrides) - {"model", "actor", "ref", "rollout"}
             if unknown:
                 raise SettingsError(f"{key}.overrides: unknown sections {sorted(unknown)}; allowed: model, actor, ref, rollout")
+            check_temperature(f"{key}.overrides.rollout.temperature", OmegaConf.select(OmegaConf.create(policy.overrides), "rollout.temperature"))
         adapters = self.groups().get(ADAPTER_GROUP, [])
         for name in adapters:
             # peft picks an adapter's tensors by substring: `plan` would also take `plan_v2`'s
@@ -312,9 +319,7 @@ class PettingLLMsConfig:
                     f"(add it under {SECTION}.policies)"
                 )
             for part in ("sampling", "val_sampling"):
-                temperature = getattr(config, part).temperature
-                if temperature is not None and not (temperature == 0 or GREEDY_BELOW <= temperature):
-                    raise SettingsError(f"{SECTION}.roles.{role}.{part}.temperature: {temperature}; 0 (greedy) or at least {GREEDY_BELOW}")
+                check_temperature(f"{SECTION}.roles.{role}.{part}.temperature", getattr(config, part).temperature)
         if self.swap_policies is not None:
             if len(self.swap_policies) != 2 or len(set(self.swap_policies)) != 2:
                 raise SettingsError(f"{SECTION}.swap_policies: {self.swap_policies}; give two different policy names")
