@@ -5,6 +5,7 @@ import os
 import pathlib
 import runpy
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
@@ -16,7 +17,7 @@ from pettingllms_verl.data.rows import row_task
 from pettingllms_verl.envs import make
 from pettingllms_verl.envs.base import fixture_tasks
 from pettingllms_verl.envs.math import env as math_env
-from pettingllms_verl.envs.math.grading import AnswerGrader, equivalent
+from pettingllms_verl.envs.math.grading import AnswerGrader, GraderPool, equivalent
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASK = {"problem": "Write 18/24 in lowest terms.", "answer": "\\frac{3}{4}"}
@@ -66,6 +67,35 @@ def test_a_hostile_answer_is_wrong_and_the_grader_recovers():
         assert grader.equivalent("\\frac{1}{2}", "0.5") is True
     finally:
         grader.close()
+
+
+def test_an_answer_holding_one_grader_leaves_the_others_grading_and_calls_in_turn_share_one_child():
+    pool = GraderPool(size=2, timeout_s=1)
+    held, release = threading.Event(), threading.Event()
+    first = pool._idle.queue[-1]  # the grader the next call takes (last in, first out)
+    grade = first.equivalent
+
+    def holding(gold, answer):  # a hostile answer, held until released (deterministic, unlike a timeout)
+        held.set()
+        release.wait()
+        return grade(gold, answer)
+
+    first.equivalent = holding
+    hostile = threading.Thread(target=pool.equivalent, args=("3", "9^{9^{9^{9}}}"))
+    hostile.start()
+    try:
+        assert held.wait(60)
+        other = ThreadPoolExecutor(1).submit(pool.equivalent, "\\frac{1}{2}", "0.5")
+        assert other.result(timeout=120) is True  # the other grader answered while the first was held
+    finally:
+        release.set()
+        hostile.join()
+    del first.equivalent
+    for grader in pool._graders:  # in turn, calls reuse one child
+        grader.close()
+    assert pool.equivalent("3", "3") and pool.equivalent("3", "4") is False
+    assert sum(grader._process is not None for grader in pool._graders) == 1
+    pool.close()
 
 
 # --- episodes --------------------------------------------------------------------------------

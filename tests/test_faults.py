@@ -273,13 +273,14 @@ def test_a_sandbox_server_killed_mid_step_is_replaced_and_costs_no_episode(token
 def test_a_hanging_grader_is_killed_and_only_the_answer_it_held_counts_as_wrong(tokenizer, monkeypatch):
     """The grader's child process hangs (SIGSTOP: it never answers) when the episode's answers
     are graded: the wait ends at the caller's bound, the hung child is killed and that one answer
-    counts as wrong; the other branch's (identical, right) answer is graded by a fresh child, and
-    the episode plays out with no error."""
+    counts as wrong; the other branch's (identical, right) answer is graded by another child (of the
+    pool, or a fresh one), and the episode plays out with no error."""
     from pettingllms_verl.envs.math import grading as math_grading
 
-    monkeypatch.setattr(math_grading._grader, "timeout_s", 1)  # the bound: 3 x 1 s + 1 s instead of 16 s
+    for grader in math_grading._pool._graders:
+        monkeypatch.setattr(grader, "timeout_s", 1)  # the bound: 3 x 1 s + 1 s instead of 16 s
     assert math_grading.equivalent("3", "3")
-    hung = math_grading._grader._process
+    hung = math_grading._pool._idle.queue[-1]._process  # the child the next call reaches first
     os.kill(hung.pid, signal.SIGSTOP)
     task = {"problem": "What is 1 + 2?", "answer": "3"}
     outputs = play_env(tokenizer, ReplyingServer(tokenizer, "\\boxed{3}"), "math", task, response_length=32, max_turns=1)

@@ -5,7 +5,9 @@ sympy compute for ever). math-verify bounds its work with ``SIGALRM``, which wor
 process's main thread, while episodes step environments in worker threads. So answers are graded
 in the main thread of a child process, where that alarm applies, and the caller also bounds its
 wait: when the child does not answer in time (a C-level big-integer power ignores the alarm) it is
-killed, restarted on the next call, and the answer counts as not equivalent.
+killed, restarted on the next call, and the answer counts as not equivalent. A process grades
+through a small pool of such children, so that one hostile answer holds one child while the others
+grade the rest of the episodes.
 
     python -m pettingllms_verl.envs.math.grading   # the child (started by AnswerGrader)
 """
@@ -13,6 +15,7 @@ killed, restarted on the next call, and the answer counts as not equivalent.
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -23,6 +26,7 @@ from pettingllms_verl.sandbox.protocol import recv_frame, send_frame
 MAX_ANSWER_CHARS = 200  # longer "answers" are not graded (competition answers are short)
 GRADE_TIMEOUT_S = 5  # math-verify's own parse / verify budget, per call
 _STARTUP_TIMEOUT_S = 120.0  # importing sympy + math-verify and its first parse, in the child
+POOL_SIZE = 4  # children per process: a hostile answer holds one for up to 3 * GRADE_TIMEOUT_S + 1 s
 
 
 class AnswerGrader:
@@ -84,12 +88,36 @@ class AnswerGrader:
             self._stop()
 
 
-_grader = AnswerGrader()
+class GraderPool:
+    """Up to ``size`` graders, each with its child, for concurrent callers: a call takes an idle
+    grader (waiting for one when all are busy). Last in, first out: calls that never overlap keep
+    reusing one child, and another starts only when calls overlap (about 60 MiB each)."""
+
+    def __init__(self, size: int = POOL_SIZE, timeout_s: int = GRADE_TIMEOUT_S):
+        self._graders = [AnswerGrader(timeout_s) for _ in range(size)]
+        self._idle: queue.LifoQueue[AnswerGrader] = queue.LifoQueue()
+        for grader in self._graders:
+            self._idle.put(grader)
+
+    def equivalent(self, gold: str | None, answer: str | None) -> bool:
+        """``AnswerGrader.equivalent`` on an idle grader."""
+        grader = self._idle.get()
+        try:
+            return grader.equivalent(gold, answer)
+        finally:
+            self._idle.put(grader)
+
+    def close(self) -> None:
+        for grader in self._graders:
+            grader.close()
+
+
+_pool = GraderPool()
 
 
 def equivalent(gold: str | None, answer: str | None) -> bool:
-    """``AnswerGrader.equivalent`` on this process's shared grader."""
-    return _grader.equivalent(gold, answer)
+    """``GraderPool.equivalent`` on this process's shared pool."""
+    return _pool.equivalent(gold, answer)
 
 
 def _serve(conn: socket.socket, timeout_s: int) -> None:
