@@ -208,7 +208,7 @@ quickstart: model data  ## install, build the tiny model and data, train QUICKST
 TEST_JOBS ?= 2
 # .venv-vllm is built first: a machine that cannot build it (no libnuma) says so before the main tier's 20 minutes
 test: $(VENV)/.installed $(VENV_VLLM)/.installed $(VENV_AUTOGEN)/.installed real-model  ## the whole test suite: the main tier (35-50 minutes on 2 cores), then the vLLM tier (about 13)
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 	@$(MAKE) --no-print-directory test-vllm
 
 # The vLLM tier (tests/vllm_tier): vLLM's CPU build runs verl's own vLLM servers for L0, L1 and L2. It
@@ -231,10 +231,10 @@ $(VENV_AUTOGEN)/.installed: examples/agents/autogen-requirements.txt pyproject.t
 install-autogen: $(VENV_AUTOGEN)/.installed  ## build .venv-autogen: AutoGen AgentChat for examples/agents/plan_path_autogen.py
 
 test-vllm: $(VENV_VLLM)/.installed  ## the vLLM tier alone (tests/vllm_tier, in .venv-vllm), its files TEST_JOBS at a time
-	$(VENV_VLLM)/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadfile tests/vllm_tier
+	$(VENV_VLLM)/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder tests/vllm_tier
 
 test-fast: $(VENV)/.installed $(VENV_AUTOGEN)/.installed real-model  ## the tests not marked slow (the edit loop)
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
 # The CUDA variants of the engine, server and quickstart tests. Asked for by name, they fail where torch
 # sees no CUDA device (rather than pass by skipping every test).
