@@ -18,6 +18,7 @@ set -u
 out=${1:?usage: bash benchmarks/gpu_checks.sh OUT_DIR}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 metrics=/tmp/gpu_checks_metrics  # the modes' step metrics: the summary prints them
+rm -rf "$metrics" /tmp/gpu_checks_pytest  # a reused machine's earlier runs would be summarised too
 mkdir -p "$out" "$metrics"
 export PETTINGLLMS_ARTIFACTS=${PETTINGLLMS_ARTIFACTS:-/tmp/gpu_checks_artifacts} PYTHONUNBUFFERED=1
 cd "$repo"
@@ -47,16 +48,16 @@ gpu_tests=(python3 -m pytest -q -n 2 -m gpu -p no:cacheprovider --continue-on-co
 part test_gpu_quickstart 420 "${gpu_tests[@]}" --basetemp=/tmp/gpu_checks_pytest/quickstart tests/test_quickstart_e2e.py &
 part test_gpu 420 "${gpu_tests[@]}" --basetemp=/tmp/gpu_checks_pytest/rest --ignore=tests/test_quickstart_e2e.py tests
 wait
-grep -E "passed|failed|FAILED|ERROR" "$out/test_gpu.log" "$out/test_gpu_quickstart.log" | tail -n 15
-# per step: the quickstart test's runs (verl's file logger under the test's tmp dir), then each mode's
+for log in test_gpu test_gpu_quickstart; do grep -E "passed|failed|FAILED|ERROR" "$out/$log.log" | tail -n 8; done
+# per step: the quickstart test's runs (verl's file logger under the test's tmp dir, run_<precision>.jsonl), then each mode's
 python3 - "$metrics" <<'EOF'
 import glob, json, os, sys
 # pytest's "<name>current" links repeat the numbered folders: real paths, each once
-runs = sorted({os.path.realpath(p) for p in glob.glob("/tmp/gpu_checks_pytest/**/run.jsonl", recursive=True)})
+runs = sorted({os.path.realpath(p) for p in glob.glob("/tmp/gpu_checks_pytest/**/run_*.jsonl", recursive=True)})
 runs += sorted(glob.glob(sys.argv[1] + "/L*.jsonl"))
 keys = ("timing_s/step", "timing_s/gen", "training/rollout_probs_diff_mean", "mas/success")
 for path in runs:
-    name = path.split("/")[-2] if path.endswith("run.jsonl") else path.split("/")[-1]
+    name = os.path.basename(path)
     for record in map(json.loads, open(path)):
         data = record["data"]
         print(name, "step", record["step"], {k: round(v, 6) for k, v in sorted(data.items()) if k.startswith(keys) or k.endswith("grad_norm")})

@@ -30,7 +30,9 @@ pettingllms:
 from __future__ import annotations
 
 import copy
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -71,9 +73,16 @@ class SettingsError(ValueError):
 
 
 def check_temperature(key: str, temperature: Any) -> None:
-    """A sampling temperature (None: unset) is 0 (greedy) or at least ``GREEDY_BELOW``."""
-    if temperature is not None and not (isinstance(temperature, (int, float)) and (temperature == 0 or GREEDY_BELOW <= temperature)):
-        raise SettingsError(f"{key}: {temperature}; 0 (greedy) or at least {GREEDY_BELOW}")
+    """A sampling temperature (None: unset) is 0 (greedy) or a finite number from ``GREEDY_BELOW``
+    (a string is read as ``float`` reads it, as verl's config does; a bool is no temperature)."""
+    if temperature is None:
+        return
+    try:
+        value = math.nan if isinstance(temperature, bool) else float(temperature)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (value == 0 or GREEDY_BELOW <= value < math.inf):
+        raise SettingsError(f"{key}: {temperature!r}; 0 (greedy) or a finite number of at least {GREEDY_BELOW}")
 
 
 @dataclass
@@ -300,7 +309,10 @@ class PettingLLMsConfig:
             unknown = set(policy.overrides) - {"model", "actor", "ref", "rollout"}
             if unknown:
                 raise SettingsError(f"{key}.overrides: unknown sections {sorted(unknown)}; allowed: model, actor, ref, rollout")
-            check_temperature(f"{key}.overrides.rollout.temperature", OmegaConf.select(OmegaConf.create(policy.overrides), "rollout.temperature"))
+            for section, value in policy.overrides.items():
+                if not isinstance(value, Mapping):
+                    raise SettingsError(f"{key}.overrides.{section}: {value!r}; a mapping of verl's keys under {section}")
+            check_temperature(f"{key}.overrides.rollout.temperature", policy.overrides.get("rollout", {}).get("temperature"))
         adapters = self.groups().get(ADAPTER_GROUP, [])
         for name in adapters:
             # peft picks an adapter's tensors by substring: `plan` would also take `plan_v2`'s

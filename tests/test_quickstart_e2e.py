@@ -106,7 +106,7 @@ def test_quickstart_on_one_cuda_device(tmp_path, tiny_model_dir, precision, over
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     output = []
-    records = run_quickstart(quickstart_artifacts(tmp_path), tiny_model_dir, 2, tmp_path / "run.jsonl",
+    records = run_quickstart(quickstart_artifacts(tmp_path), tiny_model_dir, 2, tmp_path / f"run_{precision}.jsonl",
                              ["trainer.device=cuda", *overrides], output)
     assert [record["step"] for record in records] == [1, 2]
     assert "hf rollout server 0: model on cuda" in output[0]

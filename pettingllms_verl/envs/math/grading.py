@@ -29,6 +29,10 @@ _STARTUP_TIMEOUT_S = 120.0  # importing sympy + math-verify and its first parse,
 POOL_SIZE = 4  # children per process: a hostile answer holds one for up to 3 * GRADE_TIMEOUT_S + 1 s
 
 
+def _gradable(gold: str | None, answer: str | None) -> bool:
+    return bool(gold) and bool(answer) and len(answer) <= MAX_ANSWER_CHARS and len(gold) <= MAX_ANSWER_CHARS
+
+
 class AnswerGrader:
     """Thread-safe; one child process per grader (started lazily, restarted after a fork or a kill)."""
 
@@ -41,7 +45,7 @@ class AnswerGrader:
 
     def equivalent(self, gold: str | None, answer: str | None) -> bool:
         """True when ``answer`` denotes the same value as ``gold`` (LaTeX or plain, without ``\\boxed``)."""
-        if not gold or not answer or len(answer) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
+        if not _gradable(gold, answer):
             return False
         with self._lock:
             for attempt in range(2):  # a child that died since the last call is replaced once
@@ -101,6 +105,8 @@ class GraderPool:
 
     def equivalent(self, gold: str | None, answer: str | None) -> bool:
         """``AnswerGrader.equivalent`` on an idle grader."""
+        if not _gradable(gold, answer):
+            return False  # without waiting for a grader
         grader = self._idle.get()
         try:
             return grader.equivalent(gold, answer)
@@ -113,6 +119,16 @@ class GraderPool:
 
 
 _pool = GraderPool()
+
+
+def _new_pool_after_fork() -> None:
+    """A forked copy grades through children of its own, and through a queue of its own: its
+    parent's lock may have been held by another thread at the fork, and its graders in use."""
+    global _pool
+    _pool = GraderPool()
+
+
+os.register_at_fork(after_in_child=_new_pool_after_fork)
 
 
 def equivalent(gold: str | None, answer: str | None) -> bool:
