@@ -2,7 +2,7 @@
 without sharing (the baseline), side by side on one machine.
 
 Runs Plan-Path 6x6 MAS AT-GRPO through ``python -m verl.trainer.main_ppo`` on SmolLM2-135M-Instruct
-(``make real-model`` converts it; ``$PETTINGLLMS_ARTIFACTS/smollm2_135m``), one run after another on
+(``make real-model`` converts it into ``artifacts/smollm2_135m``; ``$PETTINGLLMS_ARTIFACTS`` names another folder), one run after another on
 the same problems (2 problems x K = 4 x 2 roles x <= 2 turns per step):
 - ``baseline``: ``plan_path_mas_atgrpo_cpu`` with the model path set to SmolLM2 and
   ``actor_rollout_ref.actor.use_prefix_grouper=false`` (full fine-tuning, every row's prompt whole);
@@ -52,7 +52,7 @@ def prepare(root: str) -> None:
 
     model = os.path.join(smollm2.artifacts_dir(), smollm2.FOLDER)
     if not os.path.isfile(os.path.join(model, "config.json")):
-        sys.exit(f"{model}: the real model is not converted; run `make real-model` (or set PETTINGLLMS_ARTIFACTS to where it is)")
+        sys.exit(f"{model}: the real model is not converted; run `make real-model` (or set PETTINGLLMS_ARTIFACTS to the folder that holds it)")
     os.symlink(model, os.path.join(root, smollm2.FOLDER))  # where the recipe's model path points
     for split, rows in generate_splits("plan_path", {"train": 64, "val": 4, "test": 4}, {"size": 6}, log=lambda _: None).items():
         write_parquet(rows, os.path.join(root, "data", "plan_path_6x6", f"{split}.parquet"))

@@ -41,6 +41,13 @@ def use_working_directory() -> str | None:
     return _from_working_directory
 
 
+def root() -> str:
+    """The artifacts folder as the recipes find it: ``$PETTINGLLMS_ARTIFACTS``, else the working
+    directory's ``artifacts/`` (``use_working_directory``), else ``~/.cache/pettingllms_verl``."""
+    use_working_directory()
+    return os.environ.get(ENV) or os.path.join(os.path.expanduser("~"), ".cache", "pettingllms_verl")
+
+
 def pin(config) -> str | None:
     """Write the resolved ``pettingllms.paths.artifacts`` into ``config``: the recipes interpolate
     ``$PETTINGLLMS_ARTIFACTS``, and a process on another Ray node has its node's environment, not

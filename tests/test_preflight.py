@@ -144,6 +144,7 @@ def test_outside_make_the_working_directorys_artifacts_are_found_and_a_missing_f
 
 def test_each_artifact_names_the_make_target_that_builds_it(monkeypatch, tmp_path):
     from pettingllms_verl import artifacts
+    from pettingllms_verl.models import smollm2
 
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path))
     cases = {"tiny_model": "make model", "tiny_model_plan_path": "make model-plan-path", "tiny_model_math": "make model-math",
@@ -155,10 +156,14 @@ def test_each_artifact_names_the_make_target_that_builds_it(monkeypatch, tmp_pat
     monkeypatch.delenv("PETTINGLLMS_ARTIFACTS")
     monkeypatch.chdir(tmp_path)
     assert artifacts.use_working_directory() is None  # no artifacts/ here: the recipes' fallback stays
+    assert artifacts.root() == os.path.expanduser("~/.cache/pettingllms_verl")
     (tmp_path / "artifacts").mkdir()
     assert artifacts.use_working_directory() == str(tmp_path / "artifacts") == os.environ["PETTINGLLMS_ARTIFACTS"]
+    monkeypatch.delenv("PETTINGLLMS_ARTIFACTS")
+    assert smollm2.artifacts_dir() == str(tmp_path / "artifacts")  # the scripts outside make (benchmarks) find make's model
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", "/mine")
     assert artifacts.use_working_directory() is None and os.environ["PETTINGLLMS_ARTIFACTS"] == "/mine"  # an exported folder wins
+    assert artifacts.root() == "/mine"
 
 
 @pytest.fixture(scope="module")

