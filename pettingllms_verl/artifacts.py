@@ -15,6 +15,7 @@ import re
 ENV = "PETTINGLLMS_ARTIFACTS"
 KEY = "pettingllms.paths.artifacts"  # the recipes' key; base/pettingllms.yaml reads $PETTINGLLMS_ARTIFACTS into it
 FOLDER = "artifacts"  # what make writes under the repository (its ARTIFACTS default)
+FALLBACK = os.path.join("~", ".cache", "pettingllms_verl")  # the recipes' folder where neither is set (base/pettingllms.yaml)
 _from_working_directory: str | None = None  # the folder use_working_directory chose in this process
 
 # a path under the artifacts folder -> the make target that builds it (first match; {0}: the group, a
@@ -45,7 +46,7 @@ def root() -> str:
     """The artifacts folder as the recipes find it: ``$PETTINGLLMS_ARTIFACTS``, else the working
     directory's ``artifacts/`` (``use_working_directory``), else ``~/.cache/pettingllms_verl``."""
     use_working_directory()
-    return os.environ.get(ENV) or os.path.join(os.path.expanduser("~"), ".cache", "pettingllms_verl")
+    return os.environ.get(ENV) or os.path.expanduser(FALLBACK)
 
 
 def pin(config) -> str | None:
@@ -81,5 +82,5 @@ def where() -> str:
         return f"the artifacts folder {root} (the working directory's, ${ENV} being unset)"
     if root:
         return f"the artifacts folder {root} (${ENV})"
-    return (f"~/.cache/pettingllms_verl (${ENV} is unset and the working directory has no {FOLDER}/: run from the "
+    return (f"{FALLBACK} (${ENV} is unset and the working directory has no {FOLDER}/: run from the "
             f"repository, or export {ENV}=<folder>)")
