@@ -88,6 +88,59 @@ def test_the_quiet_gap_is_a_share_of_the_last_call_within_bounds():
     assert quiet_gap(600.0) == hf_rollout.BATCH_MAX_GAP_S
 
 
+class _VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock moves only when it would sleep: a wait of t seconds ends at exactly
+    t, whatever the machine's load (for the batcher's timing, with nothing run in threads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.now = 0.0
+        select = self._selector.select
+
+        def advance(timeout=None):
+            events = select(0)
+            if not events and timeout:
+                self.now += timeout
+            return events
+
+        self._selector.select = advance
+
+    def time(self) -> float:
+        return self.now
+
+
+def _gather_time(last_call_s: float | None, arrivals: list[float]) -> tuple[float, int]:
+    """When ``_gather`` returns (virtual seconds) for one request pending at 0 and one more at each
+    of ``arrivals``, and how many requests were pending by then."""
+    server = object.__new__(HFRolloutServer)
+    server._last_call_s, server._pending = last_call_s, ["r0"]
+    loop = _VirtualClockLoop()
+
+    async def scenario():
+        server._wakeup = asyncio.Event()
+        for i, at in enumerate(arrivals, start=1):
+            loop.call_at(at, lambda i=i: (server._pending.append(f"r{i}"), server._wakeup.set()))
+        await server._gather()
+        return loop.time(), len(server._pending)
+
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
+def test_the_batcher_starts_one_quiet_gap_after_the_last_request(monkeypatch):
+    """A request that arrives within the gap restarts it: the call starts one gap after the last
+    request (not at the end of a whole gap that held none), and the first waits BATCH_MAX_WAIT_S at most."""
+    monkeypatch.setattr(hf_rollout, "BATCH_MAX_WAIT_S", 1.0)
+    gap = quiet_gap(2.0)  # 0.1 s
+    assert _gather_time(2.0, []) == (pytest.approx(gap), 1)
+    assert _gather_time(2.0, [0.05, 0.12]) == (pytest.approx(0.12 + gap), 3)
+    assert _gather_time(2.0, [2 * gap]) == (pytest.approx(gap), 1)  # came after a quiet gap: the next call's
+    trickle = [0.03 + 0.05 * i for i in range(1, 40)]  # one every half gap, for longer than the most a request waits
+    assert _gather_time(2.0, trickle) == (pytest.approx(1.0), 20)
+
+
 def test_prompt_longer_than_the_budget_is_refused(server):
     with pytest.raises(ray.exceptions.RayTaskError, match="leaves no room"):
         ray.get(server.generate.remote("long", [5] * 72, {"temperature": 0.0}))

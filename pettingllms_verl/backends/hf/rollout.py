@@ -226,16 +226,21 @@ class HFRolloutServer:
         return {"pixel_values": inputs["pixel_values"], "image_grid_thw": inputs["image_grid_thw"]}
 
     async def _gather(self) -> None:
-        """Let more requests join the pending ones: wait until a quiet gap passes without one (see
-        BATCH_WAIT_FRACTION) or BATCH_MAX_WAIT_S has gone by."""
+        """Let more requests join the pending ones: return once a quiet gap (see BATCH_WAIT_FRACTION)
+        has passed since the last one came, or BATCH_MAX_WAIT_S after the first. Each arrival wakes
+        the wait, so the call starts one gap after the last request rather than at the end of a
+        whole gap that held none (up to two gaps of idle engine per call)."""
         loop = asyncio.get_running_loop()
         gap = quiet_gap(self._last_call_s)
         deadline = loop.time() + BATCH_MAX_WAIT_S
         while True:
             self._wakeup.clear()
-            arrived = len(self._pending)
-            await asyncio.sleep(max(0.0, min(gap, deadline - loop.time())))
-            if len(self._pending) == arrived or loop.time() >= deadline:
+            wait = min(gap, deadline - loop.time())
+            if wait <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), wait)
+            except TimeoutError:  # quiet for a whole gap
                 return
 
     async def update_weights(self, named_tensors: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
