@@ -148,6 +148,10 @@ class PolicyConfig:
             return []
         return [self.n_gpus_per_node or trainer_gpus_per_node] * (self.nnodes or trainer_nnodes)
 
+    def rollout_temperature(self) -> Any:
+        """``overrides.rollout.temperature`` as written (None: unset), the one place it is read."""
+        return self.overrides.get("rollout", {}).get("temperature")
+
 
 @dataclass
 class PathsConfig:
@@ -227,7 +231,7 @@ class PettingLLMsConfig:
         the rollout's; every reply is trained at the temperature it was sampled at (``mas_temperature``)."""
         config = self.role(role)
         overrides = config.sampling.params()
-        policy_temperature = OmegaConf.select(OmegaConf.create(self.policy_table()[self.policy_of(role)].overrides), "rollout.temperature")
+        policy_temperature = self.policy_table()[self.policy_of(role)].rollout_temperature()
         if policy_temperature is not None:
             overrides.setdefault("temperature", float(policy_temperature))
         if validate:
@@ -312,7 +316,7 @@ class PettingLLMsConfig:
             for section, value in policy.overrides.items():
                 if not isinstance(value, Mapping):
                     raise SettingsError(f"{key}.overrides.{section}: {value!r}; a mapping of verl's keys under {section}")
-            check_temperature(f"{key}.overrides.rollout.temperature", policy.overrides.get("rollout", {}).get("temperature"))
+            check_temperature(f"{key}.overrides.rollout.temperature", policy.rollout_temperature())
         adapters = self.groups().get(ADAPTER_GROUP, [])
         for name in adapters:
             # peft picks an adapter's tensors by substring: `plan` would also take `plan_v2`'s
