@@ -345,6 +345,7 @@ def test_aggregate_reports_before_and_after_over_seeds_with_intervals_and_gains_
     assert "MAS + AT-GRPO, a model per role: tool_policy `demos`, plan_policy `planner`." in text
     swap = next(c for c in meta["comparisons"] if c["a"].endswith("policies swapped"))
     assert swap["seeds"]["diff"] == pytest.approx(-0.4) and swap["seeds"]["df"] == 1  # the same runs swapped: paired by seed
+    assert "- MAS + AT-GRPO, a model per role, policies swapped - MAS + AT-GRPO, a model per role: over seeds (paired t by run) -0.400 [" in text
     assert "| MAS + AT-GRPO, a model per role | 0.300 [-0.335, 0.935] | 0.700 [-0.571, 1.971] | +0.400 [" in text
     assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 [-0.971, 1.571] | - | - | 0.200 | 0.400 | - |" in text
     assert "## Development test split (`test`)" in text and "One training seed" not in text
@@ -427,6 +428,25 @@ def test_the_statistics_on_constructed_cases_with_known_answers():
     flips = stats.paired_problems({str(i): [i < 530] for i in range(1000)}, {str(i): [i < 500] for i in range(1000)})
     assert flips["diff"] == pytest.approx(0.03) and flips["low"] > 0 and flips["p"] < 0.01
     assert stats.paired_problems({"1": [True]}, {"2": [True]}) is None  # no shared problem
+
+
+def test_figures_alike_up_to_rounding_give_no_interval_and_the_text_says_which_test_and_which_problems():
+    # every run moved by 0.1, which floats do not subtract exactly: no t (it would read p ~ 1e-32), and the text says so
+    moved = stats.seed_difference([0.4, 0.5, 0.6], [0.3, 0.4, 0.5], paired=True)
+    assert moved["p"] is None and moved["low"] == moved["high"] == pytest.approx(0.1) and moved["test"] == stats.PAIRED_T
+    assert reproduce._gain_text(moved) == "+0.100 (every run alike: no interval)"
+    # three problems each up by 1/3 (differences 0.333...33 and 0.333...37): exact, as two such problems are
+    thirds = stats.paired_problems({p: [True, False, False] for p in "abc"}, {p: [False, False, False] for p in "abc"})
+    assert thirds["p"] is None and thirds["low"] == thirds["high"]
+    assert reproduce._interval_text(stats.seed_interval([1.0, 1.0, 1.0]), []) == "1.000 (all 3 alike: no interval)"
+    assert stats.seed_difference([0.9, 0.91, 0.92], [0.5, 0.52, 0.51])["test"] == stats.WELCH
+    # a t-test's small p is printed as it is, not as a bootstrap's bound; a bootstrap's 0 is a bound
+    assert reproduce._p_text(2e-5, bootstrap=False) == ", p = 2.0e-05"
+    assert reproduce._p_text(0.0, bootstrap=True) == f", p < {2 / stats.BOOTSTRAP_RESAMPLES:g}"
+    # problems one side did not play are left out of the paired figure, and its text names how many were compared
+    partial = stats.paired_problems({str(i): [i % 3 > 0] for i in range(60)}, {str(i): [i % 2 > 0] for i in range(50)})
+    assert partial["problems"] == 50 and partial["unshared"] == 10
+    assert reproduce._gain_text(partial).endswith(", on the 50 problems both played")
 
 
 def test_before_is_reused_only_for_the_same_source_config_problems_and_warm_start_and_says_why_not(tmp_path, monkeypatch, capsys):
@@ -694,6 +714,29 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     shutil.rmtree(tmp_path / "out" / "checkpoints" / "mas_s1" / "global_step_3")  # seed 1's best step on val is gone
     assert reproduce.main([*argv[:argv.index("--steps")], "--steps", "3", *argv[argv.index("--steps") + 2:]]) == 0
     assert sorted(evaluations) == [(Path(f"after/{split}/s1"), split, 1) for split in ("confirm", "test")]
+    # --report: the same table again from the saved evaluations, playing and training nothing
+    written = json.loads((tmp_path / "out" / "reproduce.json").read_text())
+
+    def nothing(*args, **kwargs):
+        raise AssertionError("--report ran something")
+
+    monkeypatch.setattr(reproduce.subprocess, "run", nothing)
+    monkeypatch.setattr(reproduce.evaluate, "main", nothing)
+    (tmp_path / "out" / "reproduce.md").unlink()
+    assert reproduce.main([*argv[:argv.index("--steps")], *argv[argv.index("--steps") + 2:], "--report"]) == 0
+    again = json.loads((tmp_path / "out" / "reproduce.json").read_text())
+    assert again["rows"] == written["rows"] and again["comparisons"] == written["comparisons"] and again["steps"] == 3
+    assert again["source_sha256"] == written["source_sha256"] and again["failed"] == {}
+    assert "Written again (`--report`) from the evaluations saved in this folder" in (tmp_path / "out" / "reproduce.md").read_text()
+    # an evaluation made by other code is not mixed in, and one missing is named
+    stamp = tmp_path / "out" / "after" / "test" / "s1" / "fingerprint.json"
+    stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "source": "0" * 64}))
+    capsys.readouterr()
+    assert reproduce.main([*argv, "--report"]) == 1
+    said = capsys.readouterr().err
+    assert "were made by different code: " in said and "source sha256 000000000000: after/test/s1" in said
+    assert reproduce.main([*argv, "--report", "--seeds", "0,1,2"]) == 1
+    assert f"{tmp_path / 'out' / 'before' / 'test' / 's2'}: no finished evaluation there" in capsys.readouterr().err
 
 
 def test_an_archive_carries_finished_evaluations_and_adapter_runs_to_a_new_machine(tmp_path, monkeypatch, capsys):

@@ -37,7 +37,9 @@ the warm start across runs (Welch's t) and paired over problems (bootstrap), the
 methods; ``eval/stats.py``), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the
 evaluations (``before/<split>/s<seed>/``, ``after/<split>/s<seed>/``), the training logs (``logs/``)
 and checkpoints (``checkpoints/``). ``--archive DIR`` keeps what a new machine needs to go on, small
-enough to commit (``eval/archive.py``).
+enough to commit (``eval/archive.py``). ``--report`` writes the table again from the evaluations
+saved in --out (or in an archive given as --out), playing and training nothing: all must be there,
+made by one source.
 """
 
 from __future__ import annotations
@@ -110,6 +112,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--archive", default=None, metavar="DIR",
                         help="a folder to keep what outlives this machine (eval/archive.py): each finished evaluation, and each finished "
                              "run of LoRA adapters as the adapters its evaluations play; read back where --out lacks them or holds them made otherwise")
+    parser.add_argument("--report", action="store_true",
+                        help="write reproduce.md/json/png again from the evaluations saved in --out (an --archive folder too), "
+                             "playing and training nothing: each must be there, all made by one source")
     parser.add_argument("--jobs", type=int, default=2,
                         help="training runs, and evaluations, at once (default 2: on CPU one main_ppo keeps about one core busy)")
     args = parser.parse_args(argv)
@@ -707,21 +712,30 @@ def public(table: list[dict]) -> list[dict]:
 
 
 def _interval_text(interval: dict | None, values: list[float]) -> str:
+    if interval is not None and interval["alike"]:
+        return f"{interval['mean']:.3f} (all {interval['runs']} alike: no interval)"
     if interval is not None:
         return f"{interval['mean']:.3f} [{interval['low']:.3f}, {interval['high']:.3f}]"
     return f"{values[0]:.3f} (one run)" if values else "-"
 
 
-def _p_text(p: float | None) -> str:
+def _p_text(p: float | None, bootstrap: bool) -> str:
     if p is None:
         return ""
-    return f", p < {2 / stats.BOOTSTRAP_RESAMPLES:g}" if p == 0 else f", p = {p:.3f}"  # a bootstrap p below 2/B reads 0
+    if bootstrap and p == 0:  # no resample on the other side of zero: below 2/B, not 0
+        return f", p < {2 / stats.BOOTSTRAP_RESAMPLES:g}"
+    return f", p = {p:.3f}" if p >= 0.001 else f", p = {p:.1e}"
 
 
 def _gain_text(gain: dict | None) -> str:
+    """A difference over seeds (``stats.seed_difference``) or paired over problems (``stats.paired_problems``)."""
     if gain is None:
         return "n/a (needs 2+ runs a side)"
-    return f"{gain['diff']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]{_p_text(gain.get('p'))}"
+    bootstrap = "problems" in gain
+    if gain["low"] == gain["high"]:
+        return f"{gain['diff']:+.3f} (every {'problem' if bootstrap else 'run'} alike: no interval)"
+    text = f"{gain['diff']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]{_p_text(gain['p'], bootstrap)}"
+    return text + (f", on the {gain['problems']} problems both played" if bootstrap and gain["unshared"] else "")
 
 
 def markdown(table: list[dict], meta: dict) -> str:
@@ -733,13 +747,16 @@ def markdown(table: list[dict], meta: dict) -> str:
         "",
         f"Test success (share of {meta['episodes'] or '-'} problems solved, sampled at T = 1) before training (the warm start, "
         f"evaluated once per training seed with that seed's sampling) and after {meta['steps']} steps (each run's best step on "
-        f"val), training seeds {', '.join(map(str, seeds))}. Before and after: the mean over seeds with its {level} t interval "
-        "from the variance between runs (seeds - 1 degrees of freedom). Gain over seeds: after - before, Welch's t over the "
-        f"two sets of runs ({level} interval, two-sided p). Gain paired over problems: the same problems before and after, "
+        f"val), training seeds {', '.join(map(str, seeds))}. After: the mean over training runs with its {level} t interval "
+        "from the variance between runs (seeds - 1 degrees of freedom); before: the mean of the warm start's evaluations "
+        "with the same interval, whose spread is evaluation noise alone (one warm start). Gain over seeds: after - before, "
+        f"Welch's t over the two sets ({level} interval, two-sided p). Gain paired over problems: the same problems before and after, "
         f"each problem's success averaged over seeds, with a {level} bootstrap interval over problems (p: the share of "
-        f"{stats.BOOTSTRAP_RESAMPLES} resamples on the other side of zero, two-sided). "
-        f"This invocation took {meta['wall_s'] / 60:.0f} min, not counting the warm start and data made before it "
-        "(`make reproduce` makes both) nor evaluations and training runs kept from an earlier invocation.",
+        f"{stats.BOOTSTRAP_RESAMPLES} resamples on the other side of zero, two-sided). " +
+        (f"Written again (`--report`) from the evaluations saved in this folder, all made by the package's source sha256 "
+         f"{meta['source_sha256'][:12]}." if meta.get("report") else
+         f"This invocation took {meta['wall_s'] / 60:.0f} min, not counting the warm start and data made before it "
+         "(`make reproduce` makes both) nor evaluations and training runs kept from an earlier invocation."),
     ]
     if len(seeds) < 2:
         lines += ["", "**One training seed**: the variance between training runs cannot be estimated, so no interval over "
@@ -762,8 +779,10 @@ def markdown(table: list[dict], meta: dict) -> str:
             paired = "-" if row["swapped"] else _gain_text(part["gain_paired"])
             cells = ["failed" if s in row["failed_seeds"] else fmt(part["after_per_seed"].get(s)) for s in seeds]
             lines.append("| " + " | ".join([row["name"], before, after, gain, paired, *cells, roles or "-"]) + " |")
-        lines += ["", f"After training on {what.lower()}, a - b (over seeds: Welch's t; paired: over problems):", ""]
-        lines += [f"- {c['a']} - {c['b']}: over seeds {_gain_text(c['seeds'])}; paired {_gain_text(c['paired'])}"
+        lines += ["", f"After training on {what.lower()}, a - b (over seeds: {stats.WELCH} between methods, a {stats.PAIRED_T} "
+                  "for one method's policies swapped; paired: over problems):", ""]
+        lines += [f"- {c['a']} - {c['b']}: over seeds{' (' + c['seeds']['test'] + ')' if c['seeds'] else ''} {_gain_text(c['seeds'])}; "
+                  f"paired {_gain_text(c['paired'])}"
                   for c in meta.get("comparisons", []) if c["split"] == split] or ["- (no pair of methods ran)"]
         noise = next(((part["episodes_per_seed"][s], part["after_binomial_se_per_seed"][s]) for row in table
                       if (part := row["splits"].get(split)) for s in part["episodes_per_seed"]), None)
@@ -836,12 +855,92 @@ def check_splits(args: argparse.Namespace) -> dict[str, str]:
     return {split: hashlib.sha256("\n".join(tasks[split]).encode()).hexdigest() for split in args.splits}
 
 
+def saved_evaluations(args: argparse.Namespace, out: Path) -> tuple[dict, dict, dict[str, str], dict[str, str], dict]:
+    """``--report``: the evaluations saved in ``out`` (``before/`` and ``after/``, per split and seed, as
+    ``main`` or an ``--archive`` leaves them) with what ``aggregate`` and ``markdown`` need, read from
+    their fingerprints: (before, after, sources, failed, meta). A missing evaluation, or evaluations made
+    by different code, are refused; a run that has no evaluation after training is reported as failed."""
+    before: dict[str, dict[int, dict]] = {}
+    after: dict[str, dict[int, dict]] = {}
+    prints: dict[Path, dict] = {}
+    for kind, found in (("before", before), ("after", after)):
+        for split in args.splits:
+            for seed in args.seeds:
+                folder = out / kind / split / f"s{seed}"
+                try:
+                    prints[folder] = json.loads((folder / "fingerprint.json").read_text())
+                    found.setdefault(split, {})[seed] = read_evaluation(folder)
+                except (OSError, ValueError, KeyError) as error:
+                    raise ReproduceError(f"{folder}: no finished evaluation there ({error.__class__.__name__}); "
+                                         "run without --report to play it") from None
+    made_by: dict[str, list[str]] = {}
+    for folder, fp in prints.items():
+        made_by.setdefault(str(fp.get("source")), []).append(str(folder.relative_to(out)))
+    if len(made_by) > 1:
+        raise ReproduceError(f"the evaluations in {out} were made by different code: "
+                             + "; ".join(f"source sha256 {source[:12]}: {', '.join(folders)}" for source, folders in made_by.items()))
+    warm: dict[str, dict] = {}  # method or run label -> its warm start, as its evaluations recorded it
+    for fp in prints.values():
+        warm.update(fp.get("warm") or {})
+    sources = {}
+    for method in args.methods:
+        played = [m for m in (method, "mas") if m in warm]
+        if not played:
+            raise ReproduceError(f"{out}/before: no evaluation of {method} (nor of the shared team) before training")
+        sources[method] = played[0]
+    failed = {label: f"no evaluation of it after training in {out / 'after' / split / f's{seed}'} (its training run failed or did not finish)"
+              for split in args.splits for seed in args.seeds for method in args.methods
+              if (label := run_label(method, seed)) not in prints[out / "after" / split / f"s{seed}"].get("configs", {})}
+    trained = [json.loads(path.read_text())["steps"] for path in sorted(out.glob("checkpoints/*/trained.json"))]
+    steps = args.steps or (trained[0] if trained else int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps))
+    meta = {"steps": steps, "source_sha256": next(iter(made_by)), "report": True,
+            "split_sha256": {split: prints[out / "before" / split / f"s{args.seeds[0]}"]["problems"] for split in args.splits},
+            "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in
+                                next(warm[label] for label in [*(run_label(m, s) for s in args.seeds), sources[m]] if label in warm).items()}
+                            for m in args.methods},
+            "overrides": args.overrides}
+    return before, after, sources, failed, meta
+
+
+def curve_file(out: Path, label: str) -> Path:
+    """A run's learning curve: its training log, or where an archive keeps it (``checkpoints/<run>/curve.jsonl``)."""
+    log, kept = out / "logs" / f"{label}.jsonl", out / "checkpoints" / label / "curve.jsonl"
+    return kept if not log.is_file() and kept.is_file() else log
+
+
+def write_table(out: Path, args: argparse.Namespace, before: dict, after: dict, sources: dict[str, str], failed: dict[str, str],
+                meta: dict) -> None:
+    """reproduce.json, reproduce.md, reproduce.png and the learning curves (from ``logs/``, or an
+    archive's ``checkpoints/<run>/curve.jsonl``), and the table printed."""
+    table = aggregate(before, after, args.methods, args.seeds, sources, failed)
+    episodes = next((r["episodes"] for split in after.values() for ev in split.values() for r in ev["rows"]), None)
+    meta = {**meta, "seeds": args.seeds, "splits": args.splits, "episodes": episodes,
+            "before_of": {m: source_of for m, source_of in sources.items() if source_of != m}, "comparisons": comparisons(table), "failed": failed}
+    (out / "reproduce.json").write_text(json.dumps({**meta, "rows": public(table)}, indent=1))
+    (out / "reproduce.md").write_text(markdown(table, meta))
+    logs = {m: [str(curve_file(out, run_label(m, s))) for s in args.seeds if run_label(m, s) not in failed] for m in args.methods}
+    curves = [f"--curves={m}=" + ",".join(files) for m, files in logs.items() if files]
+    if plots.main([*curves, "--out", str(out)]) != 0:
+        print("reproduce: the learning curves could not be drawn (see above); the table is written", file=sys.stderr)
+    plot_table(table, out)
+    print(markdown(table, meta))
+    print(f"wrote {out}/reproduce.md, reproduce.json, reproduce.png, learning_curves.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # composing a recipe imports verl, which warns once per optional engine it lacks (megatron, ...)
     warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
     started = time.perf_counter()
     out = Path(args.out)
+    if args.report:
+        try:
+            before, after, sources, failed, meta = saved_evaluations(args, out)
+        except ReproduceError as error:
+            print(f"reproduce: {error}", file=sys.stderr)
+            return 1
+        write_table(out, args, before, after, sources, failed, meta)
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     try:
         steps = args.steps or int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps)
@@ -883,22 +982,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ReproduceError, runs.EvalError) as error:
         print(f"reproduce: {error}", file=sys.stderr)
         return 1
-    table = aggregate(before, after, args.methods, args.seeds, sources, failed)
-    episodes = next((r["episodes"] for split in after.values() for ev in split.values() for r in ev["rows"]), None)
-    meta = {"steps": steps, "seeds": args.seeds, "splits": args.splits, "split_sha256": split_sha256, "episodes": episodes,
-            "wall_s": time.perf_counter() - started, "overrides": args.overrides, "source_sha256": source,
-            "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm[m].items()} for m in args.methods},
-            "before_of": {m: source_of for m, source_of in sources.items() if source_of != m},
-            "comparisons": comparisons(table), "failed": failed}
-    (out / "reproduce.json").write_text(json.dumps({**meta, "rows": public(table)}, indent=1))
-    (out / "reproduce.md").write_text(markdown(table, meta))
-    logs = {m: [str(out / "logs" / f"{run_label(m, s)}.jsonl") for s in args.seeds if run_label(m, s) not in failed] for m in args.methods}
-    curves = [f"--curves={m}=" + ",".join(files) for m, files in logs.items() if files]
-    if plots.main([*curves, "--out", str(out)]) != 0:
-        print("reproduce: the learning curves could not be drawn (see above); the table is written", file=sys.stderr)
-    plot_table(table, out)
-    print(markdown(table, meta))
-    print(f"wrote {out}/reproduce.md, reproduce.json, reproduce.png, learning_curves.png")
+    meta = {"steps": steps, "wall_s": time.perf_counter() - started, "overrides": args.overrides, "source_sha256": source,
+            "split_sha256": split_sha256, "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm[m].items()} for m in args.methods}}
+    write_table(out, args, before, after, sources, failed, meta)
     if failed:
         print(f"reproduce: {len(failed)} training run(s) failed and are reported as failed: {', '.join(sorted(failed))} "
               "(run the same command again to retry them; finished runs are kept)", file=sys.stderr)

@@ -24,10 +24,18 @@ from scipy import stats
 
 LEVEL = 0.95  # every interval's confidence level
 BOOTSTRAP_RESAMPLES = 10_000
+EXACT = 1e-12  # a spread below this is float rounding (0.6 - 0.5 is not 0.5 - 0.4): the figures moved alike
+WELCH, PAIRED_T = "Welch's t", "paired t by run"
+
+
+def no_spread(values) -> bool:
+    """True when ``values`` are equal up to float rounding: no interval can be estimated from them."""
+    return float(np.ptp(np.asarray(values, dtype=float))) <= EXACT
 
 
 def seed_interval(values: Sequence[float], level: float = LEVEL) -> dict | None:
-    """Mean over training runs with its t interval; None with fewer than two runs.
+    """Mean over training runs with its t interval; None with fewer than two runs. ``alike``: the runs
+    are equal (up to rounding), so the zero-width interval estimates nothing.
 
     Args:
         values: (seeds,) one figure per training run (e.g. test success).
@@ -38,7 +46,8 @@ def seed_interval(values: Sequence[float], level: float = LEVEL) -> dict | None:
     mean, sd = float(x.mean()), float(x.std(ddof=1))
     se, df = sd / math.sqrt(len(x)), len(x) - 1
     half = float(stats.t.ppf(0.5 + level / 2, df)) * se
-    return {"mean": mean, "sd": sd, "se": se, "df": df, "low": mean - half, "high": mean + half, "level": level, "runs": len(x)}
+    return {"mean": mean, "sd": sd, "se": se, "df": df, "low": mean - half, "high": mean + half, "level": level, "runs": len(x),
+            "alike": no_spread(x)}
 
 
 def seed_difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL, paired: bool = False) -> dict | None:
@@ -55,16 +64,15 @@ def seed_difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL
     if paired and len(a) != len(b):
         raise ValueError(f"paired runs: {len(a)} against {len(b)} figures")
     a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    diff = float(a_.mean() - b_.mean())
-    if np.ptp(a_) == 0 and np.ptp(b_) == 0:  # no spread on either side: t is undefined, the difference exact
-        return {"diff": diff, "se": 0.0, "df": None, "low": diff, "high": diff, "t": None, "p": None, "level": level, "runs": (len(a_), len(b_))}
-    if paired and np.ptp(a_ - b_) == 0:  # every run moved alike: the difference is exact
-        return {"diff": diff, "se": 0.0, "df": None, "low": diff, "high": diff, "t": None, "p": None, "level": level, "runs": (len(a_), len(b_))}
+    diff, name = float(a_.mean() - b_.mean()), PAIRED_T if paired else WELCH
+    if (no_spread(a_) and no_spread(b_)) or (paired and no_spread(a_ - b_)):  # t undefined: every run alike, or moved alike
+        return {"diff": diff, "se": 0.0, "df": None, "low": diff, "high": diff, "t": None, "p": None, "test": name, "level": level,
+                "runs": (len(a_), len(b_))}
     test = stats.ttest_rel(a_, b_) if paired else stats.ttest_ind(a_, b_, equal_var=False)
     interval = test.confidence_interval(confidence_level=level)
     se = float((a_ - b_).std(ddof=1) / math.sqrt(len(a_))) if paired else math.sqrt(a_.var(ddof=1) / len(a_) + b_.var(ddof=1) / len(b_))
     return {"diff": diff, "se": se, "df": float(test.df), "low": float(interval.low), "high": float(interval.high),
-            "t": float(test.statistic), "p": float(test.pvalue), "level": level, "runs": (len(a_), len(b_))}
+            "t": float(test.statistic), "p": float(test.pvalue), "test": name, "level": level, "runs": (len(a_), len(b_))}
 
 
 def paired_problems(a: Mapping[str, Sequence[bool]], b: Mapping[str, Sequence[bool]], level: float = LEVEL,
@@ -72,7 +80,8 @@ def paired_problems(a: Mapping[str, Sequence[bool]], b: Mapping[str, Sequence[bo
     """a - b over the test problems both played, paired by problem: each problem's success rate (over
     its episodes, e.g. one per seed) under a minus under b, averaged over problems, with a percentile
     bootstrap interval over problems and the share of bootstrap means on the other side of zero
-    (``p``: two-sided). None when fewer than two problems are shared.
+    (``p``: two-sided). None when fewer than two problems are shared; ``unshared`` counts the problems
+    one side played and the other did not (left out).
 
     Args:
         a, b: problem id -> the successes of its episodes under each side.
@@ -81,12 +90,13 @@ def paired_problems(a: Mapping[str, Sequence[bool]], b: Mapping[str, Sequence[bo
     if len(shared) < 2:
         return None
     d = np.array([np.mean(a[p]) - np.mean(b[p]) for p in shared], dtype=float)
-    diff = float(d.mean())
-    if np.ptp(d) == 0:  # every problem moved alike: no resample differs
-        return {"diff": diff, "low": diff, "high": diff, "p": None if diff else 1.0, "problems": len(shared), "level": level}
+    diff, unshared = float(d.mean()), len(a.keys() ^ b.keys())
+    if no_spread(d):  # every problem moved alike: no resample differs
+        return {"diff": diff, "low": diff, "high": diff, "p": None if abs(diff) > EXACT else 1.0, "problems": len(shared),
+                "unshared": unshared, "level": level}
     boot = stats.bootstrap((d,), np.mean, n_resamples=resamples, confidence_level=level, method="percentile",
                            rng=np.random.default_rng(seed))
     means = boot.bootstrap_distribution
     p = min(1.0, 2 * min(float((means <= 0).mean()), float((means >= 0).mean())))
     return {"diff": diff, "low": float(boot.confidence_interval.low), "high": float(boot.confidence_interval.high), "p": p,
-            "problems": len(shared), "level": level}
+            "problems": len(shared), "unshared": unshared, "level": level}
