@@ -8,7 +8,6 @@ import functools
 import importlib.util
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,28 +101,25 @@ def help_text(module: str) -> str:
 
 def page_recipes(page: str) -> dict[str, str]:
     """The recipes a page writes out in full: ``yaml`` blocks whose first line names the file (``# .../name.yaml``)."""
-    recipes = {}
-    for block in re.findall(r"```yaml\n(.*?)```", (REPO / page).read_text(), re.S):
-        name = re.match(r"# \S*?(\w+)\.yaml\n", block)
-        if name:
-            recipes[name[1]] = block
-    return recipes
+    return {name[1]: block for block in re.findall(r"```yaml\n(.*?)```", (REPO / page).read_text(), re.S)
+            if (name := re.match(r"# (\S+\.yaml)\n", block))}
 
 
-def recipe_folder(page: str, path: str | None, recipe: str, scratch) -> Path:
+@pytest.mark.parametrize("page", PAGES)
+def test_a_recipe_a_page_writes_out_is_the_file_an_example_ships(page):
+    """A page's commands read the recipe it shows from the example's package: the file is there, as shown."""
+    for path, block in page_recipes(page).items():
+        shipped = sorted((REPO / "examples").glob(f"*/{path}"))
+        assert shipped, f"{page}: the recipe {path} it shows is shipped by no example (examples/*/{path})"
+        assert shipped[0].read_text() == block, f"{page}: {path} differs from {shipped[0].relative_to(REPO)}"
+
+
+def recipe_folder(path: str | None) -> Path:
     """Where a command's recipe is read from: ``path`` (its --config-path or --recipes; ``$PWD`` the
-    repository), else the package's recipes; a recipe the page itself writes out is added to a copy
-    of that folder."""
-    folder = REPO / "recipes"  # the package's (pkg://pettingllms_verl.recipes) as in the repository
+    repository), else the package's recipes."""
     if path and not path.startswith("pkg://"):
-        folder = Path(path.replace("$PWD", str(REPO)))
-    written = page_recipes(page)
-    if not (folder / f"{recipe}.yaml").is_file() and recipe in written:
-        copy = scratch / "recipes"
-        shutil.copytree(folder, copy, dirs_exist_ok=True)
-        (copy / f"{recipe}.yaml").write_text(written[recipe])
-        folder = copy
-    return folder
+        return Path(path.replace("$PWD", str(REPO)))
+    return REPO / "recipes"  # the package's (pkg://pettingllms_verl.recipes) as in the repository
 
 
 def composes(where: str, recipe: str, overrides: list[str], folder: Path) -> None:
@@ -137,7 +133,7 @@ def composes(where: str, recipe: str, overrides: list[str], folder: Path) -> Non
 
 
 @pytest.mark.parametrize("page, line, command", COMMANDS, ids=lambda value: str(value)[:40])
-def test_every_command_on_every_page_names_what_exists(page, line, command, tmp_path):
+def test_every_command_on_every_page_names_what_exists(page, line, command):
     """Each command's make target, module (and its flags), script, recipe and Hydra keys exist (the
     quickstart itself runs in tests/test_quickstart_e2e.py): a renamed target, flag, recipe or key
     fails here with the page and line."""
@@ -165,13 +161,13 @@ def test_every_command_on_every_page_names_what_exists(page, line, command, tmp_
                 raise AssertionError(f"{where}: pettingllms-eval refuses these arguments (its message is above)") from None
             path = words[words.index("--recipes") + 1] if "--recipes" in words[:-1] else None
             for _, recipe, _ in run_specs(args):
-                composes(where, recipe, args.overrides, recipe_folder(page, path, recipe, tmp_path))
+                composes(where, recipe, args.overrides, recipe_folder(path))
     for index, word in enumerate(words):
         if word == "--config-name" and index + 1 < len(words):
             recipe = words[index + 1]
             path = words[words.index("--config-path") + 1] if "--config-path" in words[:-1] else None
             overrides = [w for w in words[index + 2:] if "=" in w and not w.startswith("-")]
-            composes(where, recipe, overrides, recipe_folder(page, path, recipe, tmp_path))
+            composes(where, recipe, overrides, recipe_folder(path))
         if word.endswith((".py", ".sh")) and "/" in word and not word.startswith(("$", "<")):
             assert (REPO / word).is_file(), f"{where}: no file {word}"
 
