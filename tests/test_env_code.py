@@ -313,6 +313,9 @@ def test_a_function_problems_tester_is_read_only_for_calls_of_its_function_and_l
     assert code_env.defined_functions("from x import y\ndef add(a, b):\n    pass\n  def _h(x):\n") == {"add", "_h"}
     assert code_env.is_call_test("f(1)", "[1, 'a', None]", frozenset())  # a problem that defines none: any named call
     assert code_env.is_call_test("Solution().two(1)", "2", code_env.defined_functions("class Solution:\n    def two(self, x):"))
+    # parsed, but too deep to print back as the check that runs (Python's unparser recurses): no test, no error
+    for deep in ["f(" + "+".join(["1"] * 900) + ")", "f(" + "-" * 600 + "1)", "f(" + "not " * 400 + "x)", "f(x" + ".a" * 900 + ")"]:
+        assert len(deep) < 2000 and not code_env.is_call_test(deep, "1", frozenset())
     # a comment in either part ends nothing but itself: the pair runs, and is right
     assert env.step("tester", io_reply(("add(1, 2)  # small\n", "3  # three\n"))).local_reward == 1.0
     assert "#" not in code_env.call_check("add(1, 2)  # small", "3  # three").code

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pettingllms_verl import envs
-from pettingllms_verl.envs.images import CELL_PIXELS, IMAGE, draw_grid, message_images
+from pettingllms_verl.envs.images import CELL_PIXELS, IMAGE, draw_grid, image_part, message_images, without_text
 from pettingllms_verl.envs.plan_path import prompts as plan_path_prompts
 from pettingllms_verl.envs.sokoban import prompts as sokoban_prompts
 
@@ -78,3 +78,16 @@ def test_message_helpers_and_a_symbol_without_a_colour():
     assert message_images(messages) == [image]
     with pytest.raises(ValueError, match=r"no colour for symbol '\?' \(row 0, column 1\)"):
         draw_grid(["#?"], {"#": (0, 0, 0)})
+
+
+
+def test_a_placeholders_text_is_taken_out_of_every_text_and_nothing_else():
+    """What a seeing role reads may hold a model's text spelling the processor's image placeholder
+    (tests/vllm_tier/test_vision.py: with Qwen2-VL's processor)."""
+    image = draw_grid(["#."], {"#": (0, 0, 0), ".": (255, 255, 255)})
+    messages = [{"role": "system", "content": "rules <|image_pad|>"},
+                {"role": "user", "content": [image_part(image), {"type": "text", "text": "printed <|image_<|image_pad|>pad|>R"}]}]
+    cleaned = without_text(messages, ("<|image_pad|>", "<|video_pad|>"))
+    assert cleaned[0]["content"] == "rules " and cleaned[1]["content"][1]["text"] == "printed R"  # joined pieces too
+    assert cleaned[1]["content"][0] == image_part(image) and messages[1]["content"][1]["text"].endswith("pad|>R")  # a copy
+    assert without_text(messages, ()) == messages

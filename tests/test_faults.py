@@ -16,6 +16,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from pettingllms_verl import envs
 from pettingllms_verl.data.rows import task_row
+from pettingllms_verl.envs.images import draw_grid, image_part
 from pettingllms_verl.envs.plan_path.env import PlanPathEnv
 from pettingllms_verl.rollout import agent_loop
 from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
@@ -28,10 +29,11 @@ ROLES_PER_TURN = 2  # plan_path: tool, then plan
 
 
 class FaultyPlanPath(PlanPathEnv):
-    """Plan-Path that fails from turn ``fault_turn`` on: its ``step`` raises (``fault=step``), or
-    its prompts outgrow any budget (``fault=overflow``)."""
+    """Plan-Path that fails from turn ``fault_turn`` on: its ``step`` raises (``fault=step``), its
+    prompts outgrow any budget (``fault=overflow``), or hold an image the text model's chat cannot
+    render (``fault=unrenderable``)."""
 
-    options = {**PlanPathEnv.options, "fault": "step | overflow", "fault_turn": "first turn that fails"}
+    options = {**PlanPathEnv.options, "fault": "step | overflow | unrenderable", "fault_turn": "first turn that fails"}
 
     def reset(self, seed, task=None):
         super().reset(seed, task)
@@ -45,6 +47,9 @@ class FaultyPlanPath(PlanPathEnv):
         messages = super().observation(role)
         if self.config["fault"] == "overflow" and self._failing():
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + " wall" * 2000}
+        if self.config["fault"] == "unrenderable" and self._failing():
+            image = image_part(draw_grid(["#"], {"#": (0, 0, 0)}))
+            messages[-1] = {**messages[-1], "content": [image, {"type": "text", "text": messages[-1]["content"]}]}
         return messages
 
     def step(self, role, text):
@@ -140,6 +145,14 @@ def test_a_prompt_that_outgrows_the_budget_at_turn_3_ends_the_episode_truncated(
     assert sorted({o.extra_fields["mas_turn"] for o in outputs}) == [0, 1, 2]
     assert len(outputs) == 3 * ROLES_PER_TURN * K
     assert end_of(outputs)["mas_end_cause"] == "prompt_overflow"
+
+
+def test_a_prompt_the_chat_cannot_render_ends_its_episode_not_the_batch(tokenizer):
+    """The chat template or processor refusing an episode's messages (here an image for a text
+    model) is that episode's env_error; the turns before it are kept."""
+    outputs = play(tokenizer, ScriptedServer(tokenizer), fault="unrenderable", fault_turn=2)
+    assert sorted({o.extra_fields["mas_turn"] for o in outputs}) == [0, 1]
+    assert end_of(outputs)["mas_end_cause"] == "env_error"
 
 
 def test_an_engine_error_before_any_reply_leaves_one_untrained_row_for_the_episode(tokenizer):

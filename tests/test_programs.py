@@ -8,13 +8,14 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from dataclasses import replace
 
 import aiohttp
 import pytest
 
-from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, play_program
+from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, Run, play_program
 from pettingllms_verl.programs.gateway import Gateway, GatewayError, parse_request
 from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_slot
 from pettingllms_verl.config import ProgramConfig, SettingsError, load
@@ -79,10 +80,34 @@ def test_a_request_names_an_agent_and_carries_its_sampling_values():
     assert request.messages[2] == {"role": "tool", "content": "2", "tool_call_id": "c1"}
 
 
+def test_a_call_renders_off_the_event_loop_so_a_long_prompt_holds_up_no_other_call():
+    """Two calls of a run at once: the first one's render waits for the second's. On the event loop
+    the first would hold it and the second never start (its wait gives up after a minute and fails)."""
+    second_rendered = threading.Event()
+
+    def slow_render(messages, tools=None):
+        if messages[0]["content"] == "first":
+            assert second_rendered.wait(60), "the second call never rendered while the first did"
+        else:
+            second_rendered.set()
+        return render(messages, tools)
+
+    async def both():
+        run = Run(AGENTS, max_calls=4, render=slow_render, sample=Model())
+        ask = lambda text: parse_request({"model": "writer", "messages": [{"role": "user", "content": text}]}, AGENTS)  # noqa: E731
+        return await asyncio.gather(run(ask("first")), run(ask("second")))
+
+    first, second = asyncio.run(both())
+    assert first["choices"][0]["message"]["role"] == second["choices"][0]["message"]["role"] == "assistant"
+
+
 @pytest.mark.parametrize("body, status, words", [
     ({"model": "boss", "messages": [{"role": "user", "content": "x"}]}, 404, "['writer', 'checker']"),
     ({"model": "writer", "messages": []}, 400, "messages"),
     ({"model": "writer", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+    ({"model": "writer", "messages": [{"role": [], "content": "x"}]}, 400, "role"),  # unhashable: a 400, not a TypeError's 500
+    ({"model": "writer", "messages": [{"role": {"user": 1}, "content": "x"}]}, 400, "role"),
+    ({"model": ["w"] * 100_000, "messages": [{"role": "user", "content": "x"}]}, 404, "['w', 'w'"),  # named, not echoed whole
     ({"model": "writer", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "text content"),
     ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "stream": True}, 400, "streaming"),
     ({"model": "writer", "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "one choice"),
@@ -96,7 +121,7 @@ def test_a_request_names_an_agent_and_carries_its_sampling_values():
 def test_a_bad_request_is_refused_with_the_reason(body, status, words):
     with pytest.raises(GatewayError) as error:
         parse_request(body, AGENTS)
-    assert error.value.status == status and words in error.value.message
+    assert error.value.status == status and words in error.value.message and len(error.value.message) < 300
 
 
 def test_a_temperature_too_small_to_score_is_greedy():
@@ -253,6 +278,12 @@ def test_a_failed_program_loses_its_episode_by_cause(name, cause):
     assert episode.end_cause == cause and not episode.samples and not episode.success
     if name == "raises":
         assert "RuntimeError: the program broke" in str(episode.error)
+
+
+def test_a_last_line_that_python_will_not_read_as_json_is_named_as_the_reward_it_must_be():
+    for last in ("9" * 5000, "[" * 5000 + "]" * 5000):  # a 5,000-digit number, and nesting deeper than Python reads
+        episode = play(ProgramConfig(command=[sys.executable, "-c", f"print({last!r})"]))
+        assert episode.end_cause == "program_error" and "last line must be its reward as JSON" in str(episode.error)
 
 
 def test_a_program_past_its_time_limit_is_killed_with_its_children(tmp_path):

@@ -150,6 +150,8 @@ def test_state_drawings_and_escaping_without_a_browser():
         assert '<table class="grid">' in html_text or 'class="card"' in html_text
     odd = viewer.draw_state("plan_path", {"grid": 3, "note": "<b>"})  # an unexpected shape: shown as escaped data
     assert odd.startswith("<pre>") and "&lt;b&gt;" in odd
+    hands = viewer.draw_state("hanabi", {"hands": ["<b>"], "fireworks": {}})  # a list where a mapping was: data, not a failed page
+    assert hands.startswith("<pre>") and "&lt;b&gt;" in hands
 
 
 def test_the_image_a_role_was_shown_is_embedded_and_nothing_else_passes_for_one():

@@ -41,12 +41,36 @@ def message_images(messages: Sequence[Mapping[str, Any]]) -> list:
             for part in message["content"] if part.get("type") == IMAGE]
 
 
+def placeholder_texts(processor) -> tuple[str, ...]:
+    """The text of a processor's image and video placeholders (Qwen2-VL: ``<|image_pad|>``,
+    ``<|video_pad|>``); none without a processor."""
+    return tuple(text for name in ("image_token", "video_token") if isinstance(text := getattr(processor, name, None), str) and text)
+
+
+def without_text(messages: Sequence[Mapping[str, Any]], texts: Sequence[str]) -> list[dict[str, Any]]:
+    """``messages`` with every one of ``texts`` taken out of their text (repeatedly: taking one out
+    may join another)."""
+    def clean(text: str) -> str:
+        while any(t in text for t in texts):
+            for t in texts:
+                text = text.replace(t, "")
+        return text
+
+    return [{**message, "content": clean(message["content"]) if isinstance(message["content"], str) else
+             [{**part, "text": clean(part["text"])} if isinstance(part.get("text"), str) else part for part in message["content"]]}
+            for message in messages]
+
+
 def chat_inputs(tokenizer, processor, messages: Sequence[Mapping[str, Any]], tools: list[dict] | None = None,
                 **template_kwargs: Any) -> dict[str, Any]:
     """A chat as the model reads it, its generation prompt added: ``input_ids`` (a list), and for a
     chat with images the processor's other outputs (``pixel_values``, ``image_grid_thw``, and for
     Qwen2-VL ``mm_token_type_ids``), each image's token expanded to the tokens its vision tower fills
-    (a text chat goes through the tokenizer's template)."""
+    (a text chat goes through the tokenizer's template). A placeholder's text within the messages'
+    text (a model's reply or program output shown to a role) is taken out: it would read as one more
+    image or video than the chat holds, and the prompt fail to render or the model call to run."""
+    if processor is not None:
+        messages = without_text(messages, placeholder_texts(processor))
     images = message_images(messages)
     if not images:
         ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False,

@@ -105,7 +105,7 @@ def draw_state(env: str, state: dict | None) -> str:
             fireworks = " ".join(f"{esc(colour)}{esc(rank)}" for colour, rank in state["fireworks"].items())
             return (f"{hands}<div>fireworks {fireworks} · score {esc(state.get('score'))} · info {esc(state.get('info_tokens'))} "
                     f"· fuses {esc(state.get('fuses'))}</div>")
-    except (KeyError, TypeError, ValueError, IndexError):
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         pass  # a state of another shape (an older log): shown as data below
     return f"<pre>{esc(json.dumps(state, ensure_ascii=False))}</pre>"
 

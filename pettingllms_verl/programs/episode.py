@@ -114,8 +114,8 @@ class Run:
             error = GatewayError(429, f"this run made more than pettingllms.program.max_calls={self.max_calls} calls", "call_limit")
             self.fault = self.fault or ("program_call_limit", error)
             raise error
-        try:
-            prompt_ids = self.render(request.messages, request.tools)
+        try:  # off the event loop: a program may send megabytes (seconds of template and tokenizer), the other episodes go on
+            prompt_ids = await asyncio.to_thread(self.render, request.messages, request.tools)
         except PromptTooLong as error:
             self.fault = self.fault or ("prompt_overflow", error)
             raise GatewayError(400, str(error), "context_length_exceeded") from None

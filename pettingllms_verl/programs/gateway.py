@@ -91,7 +91,7 @@ def _messages(raw: Any) -> list[dict]:
     out = []
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in MESSAGE_ROLES:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or message["role"] not in MESSAGE_ROLES:
             raise GatewayError(400, f"{where}.role: must be one of {sorted(MESSAGE_ROLES)}")
         clean = {"role": MESSAGE_ROLES[message["role"]], "content": _text(message.get("content"), where)}
         if isinstance(message.get("name"), str):
@@ -131,11 +131,11 @@ def parse_request(body: Any, agents: Sequence[str]) -> ChatRequest:
         raise GatewayError(400, "the body must be a JSON object")
     agent = body.get("model")
     if agent not in agents:
-        raise GatewayError(404, f"model {agent!r} is no agent of this team; its agents: {list(agents)}", "model_not_found")
+        raise GatewayError(404, f"model {repr(agent)[:60]} is no agent of this team; its agents: {list(agents)}", "model_not_found")
     if body.get("stream"):
         raise GatewayError(400, "stream: streaming is not supported; send stream=false")
     if body.get("n", 1) != 1:
-        raise GatewayError(400, f"n: {body.get('n')!r}; one choice per call (call again for another sample)")
+        raise GatewayError(400, f"n: {repr(body.get('n'))[:40]}; one choice per call (call again for another sample)")
     sampling: dict[str, Any] = {}
     temperature = _number(body, "temperature", 0.0, 2.0)
     if temperature is not None:  # a tiny one would divide the logits into inf when scored: greedy, as vLLM samples it

@@ -205,6 +205,6 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
     lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
     try:
         return json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
+    except (IndexError, ValueError, RecursionError):  # not JSON, or JSON Python will not read (a 5,000-digit number, deep nesting)
         last = lines[-1][:200] if lines else "nothing"
         raise ProgramFailed("program_error", f"the program's last line must be its reward as JSON; it printed {last!r}; its stderr ends:\n{stderr}") from None

@@ -220,6 +220,8 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
                 prompt_ids = render(messages)
             except PromptTooLong as error:
                 raise _Ended("prompt_overflow", error) from error
+            except Exception as error:  # the chat template or processor refuses these messages: this episode's fault
+                raise _Ended("env_error", error) from error
             episode.env_s += time.perf_counter() - started
 
             started = time.perf_counter()

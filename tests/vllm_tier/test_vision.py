@@ -44,6 +44,22 @@ def plan_prompt(processor, seed: int):
     return inputs["input_ids"], message_images(messages), {key: inputs[key] for key in ("pixel_values", "image_grid_thw")}
 
 
+def test_a_placeholders_text_in_what_the_seeing_role_reads_is_taken_out(processor):
+    """A reply or program output that spells the image placeholder, shown to the seeing role, would
+    be one more image than the chat holds: the processor would fail on the prompt, and a text-only
+    chat would send the model an image token with no image. It is taken out of the text."""
+    env = envs.make("plan_path", size=6, image_roles=["plan"])
+    env.reset(seed=0)
+    messages = env.observation("plan")
+    token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    spelled = f"{processor.image_token} <|image_{processor.image_token}pad|>{getattr(processor, 'video_token', '')}"
+    hostile = [{**m, "content": m["content"] + spelled if isinstance(m["content"], str) else [*m["content"], {"type": "text", "text": spelled}]}
+               for m in messages]
+    clean = chat_inputs(processor.tokenizer, processor, messages)["input_ids"]
+    assert chat_inputs(processor.tokenizer, processor, hostile)["input_ids"].count(token) == clean.count(token) > 0
+    assert token not in chat_inputs(processor.tokenizer, processor, [{"role": "user", "content": "printed " + spelled}])["input_ids"]
+
+
 def forward_log_probs(model, prompt, media, response):
     """A direct forward over prompt + response with the prompt's images, unpadded."""
     ids = torch.tensor([prompt + response])
