@@ -90,4 +90,6 @@ def test_a_placeholders_text_is_taken_out_of_every_text_and_nothing_else():
     cleaned = without_text(messages, ("<|image_pad|>", "<|video_pad|>"))
     assert cleaned[0]["content"] == "rules " and cleaned[1]["content"][1]["text"] == "printed R"  # joined pieces too
     assert cleaned[1]["content"][0] == image_part(image) and messages[1]["content"][1]["text"].endswith("pad|>R")  # a copy
-    assert without_text(messages, ()) == messages
+    assert without_text(messages, ()) == messages and without_text([{"role": "user", "content": None}], ("<|image_pad|>",))[0]["content"] is None
+    deep = 20_000  # nested spellings are undone in one pass (a pass per level would take minutes at the gateway's 4 MiB)
+    assert without_text("<|image_" * deep + "<|image_pad|>" + "pad|>" * deep + "R", ("<|image_pad|>", "")) == "R"

@@ -434,10 +434,10 @@ def test_figures_alike_up_to_rounding_give_no_interval_and_the_text_says_which_t
     # every run moved by 0.1, which floats do not subtract exactly: no t (it would read p ~ 1e-32), and the text says so
     moved = stats.seed_difference([0.4, 0.5, 0.6], [0.3, 0.4, 0.5], paired=True)
     assert moved["p"] is None and moved["low"] == moved["high"] == pytest.approx(0.1) and moved["test"] == stats.PAIRED_T
-    assert reproduce._gain_text(moved) == "+0.100 (every run alike: no interval)"
-    # three problems each up by 1/3 (differences 0.333...33 and 0.333...37): exact, as two such problems are
-    thirds = stats.paired_problems({p: [True, False, False] for p in "abc"}, {p: [False, False, False] for p in "abc"})
-    assert thirds["p"] is None and thirds["low"] == thirds["high"]
+    assert reproduce._gain_text(moved) == "+0.100 (every run moved alike: no interval)"
+    # two problems each up by 1/3, as floats 0.3333333333333333 and 0.33333333333333337: exact, no resampling
+    thirds = stats.paired_problems({"x": [True, False, False], "y": [True, True, True]}, {"x": [False] * 3, "y": [True, True, False]})
+    assert thirds["p"] is None and thirds["low"] == thirds["high"] == pytest.approx(1 / 3)
     assert reproduce._interval_text(stats.seed_interval([1.0, 1.0, 1.0]), []) == "1.000 (all 3 alike: no interval)"
     assert stats.seed_difference([0.9, 0.91, 0.92], [0.5, 0.52, 0.51])["test"] == stats.WELCH
     # a t-test's small p is printed as it is, not as a bootstrap's bound; a bootstrap's 0 is a bound
@@ -727,14 +727,30 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     again = json.loads((tmp_path / "out" / "reproduce.json").read_text())
     assert again["rows"] == written["rows"] and again["comparisons"] == written["comparisons"] and again["steps"] == 3
     assert again["source_sha256"] == written["source_sha256"] and again["failed"] == {}
-    assert "Written again (`--report`) from the evaluations saved in this folder" in (tmp_path / "out" / "reproduce.md").read_text()
+    assert "Written again (`--report`) from saved evaluations" in (tmp_path / "out" / "reproduce.md").read_text()
+    # a seed whose runs all failed has no "after" (main plays none): its runs are reported failed; an "after"
+    # on one split only is refused; the evaluations read from --archive, the table written to --out
+    kept = tmp_path / "kept"
+    shutil.copytree(tmp_path / "out" / "before", kept / "before")
+    shutil.copytree(tmp_path / "out" / "after" / "test" / "s0", kept / "after" / "test" / "s0")
+    shutil.copytree(tmp_path / "out" / "after" / "confirm" / "s0", kept / "after" / "confirm" / "s0")
+    no_steps = [*argv[:argv.index("--steps")], *argv[argv.index("--steps") + 2:]]
+    table_out = ["--out", str(tmp_path / "table"), "--archive", str(kept), "--report"]
+    assert reproduce.main([*no_steps, *table_out]) == 1  # no checkpoints beside the evaluations: the steps are asked for
+    assert "say --steps" in capsys.readouterr().err
+    assert reproduce.main([*no_steps, *table_out, "--steps", "3"]) == 0
+    failed = json.loads((tmp_path / "table" / "reproduce.json").read_text())["failed"]
+    assert sorted(failed) == ["mas_s1", "per_role_s1"] and "did not finish" in failed["mas_s1"]
+    shutil.copytree(tmp_path / "out" / "after" / "test" / "s1", kept / "after" / "test" / "s1")
+    assert reproduce.main([*no_steps, *table_out, "--steps", "3"]) == 1
+    assert f"{kept / 'after' / 'confirm' / 's1'}: no finished evaluation there" in capsys.readouterr().err
     # an evaluation made by other code is not mixed in, and one missing is named
     stamp = tmp_path / "out" / "after" / "test" / "s1" / "fingerprint.json"
     stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "source": "0" * 64}))
     capsys.readouterr()
     assert reproduce.main([*argv, "--report"]) == 1
     said = capsys.readouterr().err
-    assert "were made by different code: " in said and "source sha256 000000000000: after/test/s1" in said
+    assert "were made by different code (the package's source sha256): " in said and "; 000000000000: after/test/s1" in said
     assert reproduce.main([*argv, "--report", "--seeds", "0,1,2"]) == 1
     assert f"{tmp_path / 'out' / 'before' / 'test' / 's2'}: no finished evaluation there" in capsys.readouterr().err
 

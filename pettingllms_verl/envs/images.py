@@ -47,18 +47,25 @@ def placeholder_texts(processor) -> tuple[str, ...]:
     return tuple(text for name in ("image_token", "video_token") if isinstance(text := getattr(processor, name, None), str) and text)
 
 
-def without_text(messages: Sequence[Mapping[str, Any]], texts: Sequence[str]) -> list[dict[str, Any]]:
-    """``messages`` with every one of ``texts`` taken out of their text (repeatedly: taking one out
-    may join another)."""
-    def clean(text: str) -> str:
-        while any(t in text for t in texts):
+def without_text(value: Any, texts: Sequence[str]) -> Any:
+    """``value`` (messages, tools: lists, dicts and strings) with every one of ``texts`` taken out of
+    its strings, those that taking one out would form included (``<|image_<|image_pad|>pad|>``), in
+    one pass over each string; anything else (an image) is kept as it is."""
+    texts = [t for t in texts if t]
+    if isinstance(value, str):
+        kept: list[str] = []
+        for char in value:
+            kept.append(char)
             for t in texts:
-                text = text.replace(t, "")
-        return text
-
-    return [{**message, "content": clean(message["content"]) if isinstance(message["content"], str) else
-             [{**part, "text": clean(part["text"])} if isinstance(part.get("text"), str) else part for part in message["content"]]}
-            for message in messages]
+                if char == t[-1] and len(kept) >= len(t) and "".join(kept[-len(t):]) == t:
+                    del kept[-len(t):]
+                    break
+        return "".join(kept)
+    if isinstance(value, list):
+        return [without_text(item, texts) for item in value]
+    if isinstance(value, dict):
+        return {key: without_text(item, texts) for key, item in value.items()}
+    return value
 
 
 def chat_inputs(tokenizer, processor, messages: Sequence[Mapping[str, Any]], tools: list[dict] | None = None,
@@ -67,10 +74,10 @@ def chat_inputs(tokenizer, processor, messages: Sequence[Mapping[str, Any]], too
     chat with images the processor's other outputs (``pixel_values``, ``image_grid_thw``, and for
     Qwen2-VL ``mm_token_type_ids``), each image's token expanded to the tokens its vision tower fills
     (a text chat goes through the tokenizer's template). A placeholder's text within the messages'
-    text (a model's reply or program output shown to a role) is taken out: it would read as one more
-    image or video than the chat holds, and the prompt fail to render or the model call to run."""
+    or tools' text (a model's reply or program output shown to a role) is taken out: it would read as
+    one more image or video than the chat holds, and the prompt fail to render or the model call to run."""
     if processor is not None:
-        messages = without_text(messages, placeholder_texts(processor))
+        messages, tools = without_text(messages, placeholder_texts(processor)), without_text(tools, placeholder_texts(processor))
     images = message_images(messages)
     if not images:
         ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False,

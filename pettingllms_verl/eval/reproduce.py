@@ -37,9 +37,9 @@ the warm start across runs (Welch's t) and paired over problems (bootstrap), the
 methods; ``eval/stats.py``), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the
 evaluations (``before/<split>/s<seed>/``, ``after/<split>/s<seed>/``), the training logs (``logs/``)
 and checkpoints (``checkpoints/``). ``--archive DIR`` keeps what a new machine needs to go on, small
-enough to commit (``eval/archive.py``). ``--report`` writes the table again from the evaluations
-saved in --out (or in an archive given as --out), playing and training nothing: all must be there,
-made by one source.
+enough to commit (``eval/archive.py``). ``--report`` writes the table into --out again from the
+evaluations saved in --archive (without it, in --out), playing and training nothing: all must be
+there, made by one source.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a folder to keep what outlives this machine (eval/archive.py): each finished evaluation, and each finished "
                              "run of LoRA adapters as the adapters its evaluations play; read back where --out lacks them or holds them made otherwise")
     parser.add_argument("--report", action="store_true",
-                        help="write reproduce.md/json/png again from the evaluations saved in --out (an --archive folder too), "
+                        help="write reproduce.md/json/png into --out again from the evaluations saved in --archive (without it: in --out), "
                              "playing and training nothing: each must be there, all made by one source")
     parser.add_argument("--jobs", type=int, default=2,
                         help="training runs, and evaluations, at once (default 2: on CPU one main_ppo keeps about one core busy)")
@@ -724,7 +724,7 @@ def _p_text(p: float | None, bootstrap: bool) -> str:
         return ""
     if bootstrap and p == 0:  # no resample on the other side of zero: below 2/B, not 0
         return f", p < {2 / stats.BOOTSTRAP_RESAMPLES:g}"
-    return f", p = {p:.3f}" if p >= 0.001 else f", p = {p:.1e}"
+    return f", p = {p:.3f}" if p >= 0.001 else f", p = {p:.1e}" if p > 0 else ", p < 1e-300"
 
 
 def _gain_text(gain: dict | None) -> str:
@@ -733,7 +733,7 @@ def _gain_text(gain: dict | None) -> str:
         return "n/a (needs 2+ runs a side)"
     bootstrap = "problems" in gain
     if gain["low"] == gain["high"]:
-        return f"{gain['diff']:+.3f} (every {'problem' if bootstrap else 'run'} alike: no interval)"
+        return f"{gain['diff']:+.3f} (every {'problem' if bootstrap else 'run'} moved alike: no interval)"
     text = f"{gain['diff']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]{_p_text(gain['p'], bootstrap)}"
     return text + (f", on the {gain['problems']} problems both played" if bootstrap and gain["unshared"] else "")
 
@@ -753,7 +753,7 @@ def markdown(table: list[dict], meta: dict) -> str:
         f"Welch's t over the two sets ({level} interval, two-sided p). Gain paired over problems: the same problems before and after, "
         f"each problem's success averaged over seeds, with a {level} bootstrap interval over problems (p: the share of "
         f"{stats.BOOTSTRAP_RESAMPLES} resamples on the other side of zero, two-sided). " +
-        (f"Written again (`--report`) from the evaluations saved in this folder, all made by the package's source sha256 "
+        (f"Written again (`--report`) from saved evaluations, all made by the package's source sha256 "
          f"{meta['source_sha256'][:12]}." if meta.get("report") else
          f"This invocation took {meta['wall_s'] / 60:.0f} min, not counting the warm start and data made before it "
          "(`make reproduce` makes both) nor evaluations and training runs kept from an earlier invocation."),
@@ -855,30 +855,39 @@ def check_splits(args: argparse.Namespace) -> dict[str, str]:
     return {split: hashlib.sha256("\n".join(tasks[split]).encode()).hexdigest() for split in args.splits}
 
 
-def saved_evaluations(args: argparse.Namespace, out: Path) -> tuple[dict, dict, dict[str, str], dict[str, str], dict]:
-    """``--report``: the evaluations saved in ``out`` (``before/`` and ``after/``, per split and seed, as
+def saved_evaluations(args: argparse.Namespace, saved: Path) -> tuple[dict, dict, dict[str, str], dict[str, str], dict]:
+    """``--report``: the evaluations saved in ``saved`` (``before/`` and ``after/``, per split and seed, as
     ``main`` or an ``--archive`` leaves them) with what ``aggregate`` and ``markdown`` need, read from
-    their fingerprints: (before, after, sources, failed, meta). A missing evaluation, or evaluations made
-    by different code, are refused; a run that has no evaluation after training is reported as failed."""
+    their fingerprints: (before, after, sources, failed, meta). Every "before" must be there; a seed with
+    no "after" on any split had its runs fail (as ``main`` leaves it), and so has a run an "after" does
+    not hold. Refused, naming the folders: an evaluation missing or unreadable, a seed's "after" on some
+    splits only, and evaluations made by different code, or of one split on other problems or counts."""
     before: dict[str, dict[int, dict]] = {}
     after: dict[str, dict[int, dict]] = {}
     prints: dict[Path, dict] = {}
+    no_after = {seed for seed in args.seeds if not any((saved / "after" / split / f"s{seed}").exists() for split in args.splits)}
     for kind, found in (("before", before), ("after", after)):
         for split in args.splits:
             for seed in args.seeds:
-                folder = out / kind / split / f"s{seed}"
+                folder = saved / kind / split / f"s{seed}"
+                if kind == "after" and seed in no_after:
+                    continue
                 try:
                     prints[folder] = json.loads((folder / "fingerprint.json").read_text())
                     found.setdefault(split, {})[seed] = read_evaluation(folder)
                 except (OSError, ValueError, KeyError) as error:
                     raise ReproduceError(f"{folder}: no finished evaluation there ({error.__class__.__name__}); "
                                          "run without --report to play it") from None
-    made_by: dict[str, list[str]] = {}
-    for folder, fp in prints.items():
-        made_by.setdefault(str(fp.get("source")), []).append(str(folder.relative_to(out)))
-    if len(made_by) > 1:
-        raise ReproduceError(f"the evaluations in {out} were made by different code: "
-                             + "; ".join(f"source sha256 {source[:12]}: {', '.join(folders)}" for source, folders in made_by.items()))
+    for key, what in (("source", "by different code (the package's source sha256)"), ("problems", "on other problems (sha256)"),
+                      ("episodes", "with other problem counts (--episodes)")):
+        for split in [None] if key == "source" else args.splits:
+            values: dict[str, list[str]] = {}
+            for folder, fp in prints.items():
+                if split is None or folder.parent.name == split:
+                    values.setdefault(str(fp.get(key)), []).append(str(folder.relative_to(saved)))
+            if len(values) > 1:
+                raise ReproduceError(f"the evaluations in {saved} were made {what}: "
+                                     + "; ".join(f"{value[:12]}: {', '.join(folders)}" for value, folders in values.items()))
     warm: dict[str, dict] = {}  # method or run label -> its warm start, as its evaluations recorded it
     for fp in prints.values():
         warm.update(fp.get("warm") or {})
@@ -886,19 +895,29 @@ def saved_evaluations(args: argparse.Namespace, out: Path) -> tuple[dict, dict, 
     for method in args.methods:
         played = [m for m in (method, "mas") if m in warm]
         if not played:
-            raise ReproduceError(f"{out}/before: no evaluation of {method} (nor of the shared team) before training")
+            raise ReproduceError(f"{saved}/before: no evaluation of {method} (nor of the shared team) before training")
         sources[method] = played[0]
-    failed = {label: f"no evaluation of it after training in {out / 'after' / split / f's{seed}'} (its training run failed or did not finish)"
-              for split in args.splits for seed in args.seeds for method in args.methods
-              if (label := run_label(method, seed)) not in prints[out / "after" / split / f"s{seed}"].get("configs", {})}
-    trained = [json.loads(path.read_text())["steps"] for path in sorted(out.glob("checkpoints/*/trained.json"))]
-    steps = args.steps or (trained[0] if trained else int(runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes)).trainer.total_training_steps))
-    meta = {"steps": steps, "source_sha256": next(iter(made_by)), "report": True,
-            "split_sha256": {split: prints[out / "before" / split / f"s{args.seeds[0]}"]["problems"] for split in args.splits},
+    failed = {}
+    for seed in args.seeds:
+        for method in args.methods:
+            label = run_label(method, seed)
+            missing = [saved / "after" / split / f"s{seed}" for split in args.splits
+                       if seed in no_after or label not in prints[saved / "after" / split / f"s{seed}"].get("configs", {})]
+            if missing:
+                failed[label] = f"no evaluation of it after training in {', '.join(map(str, missing))} (its training run failed or did not finish)"
+    labels = [run_label(m, s) for m in args.methods for s in args.seeds]
+    try:
+        trained = [json.loads((saved / "checkpoints" / label / "trained.json").read_text())["steps"] for label in labels
+                   if (saved / "checkpoints" / label / "trained.json").is_file()]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ReproduceError(f"{saved}/checkpoints: a trained.json is not a record ({error!r}); say --steps") from None
+    if not (args.steps or trained):
+        raise ReproduceError(f"{saved}/checkpoints: no trained.json of the runs asked for tells their steps; say --steps")
+    meta = {"steps": args.steps or max(trained), "source_sha256": next(iter(prints.values()))["source"], "report": True,
+            "split_sha256": {split: prints[saved / "before" / split / f"s{args.seeds[0]}"]["problems"] for split in args.splits},
             "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in
                                 next(warm[label] for label in [*(run_label(m, s) for s in args.seeds), sources[m]] if label in warm).items()}
-                            for m in args.methods},
-            "overrides": args.overrides}
+                            for m in args.methods}}
     return before, after, sources, failed, meta
 
 
@@ -909,16 +928,16 @@ def curve_file(out: Path, label: str) -> Path:
 
 
 def write_table(out: Path, args: argparse.Namespace, before: dict, after: dict, sources: dict[str, str], failed: dict[str, str],
-                meta: dict) -> None:
-    """reproduce.json, reproduce.md, reproduce.png and the learning curves (from ``logs/``, or an
-    archive's ``checkpoints/<run>/curve.jsonl``), and the table printed."""
+                meta: dict, curves: Path | None = None) -> None:
+    """reproduce.json, reproduce.md, reproduce.png and the learning curves (the runs' in ``curves``,
+    default ``out``: ``logs/``, or an archive's ``checkpoints/<run>/curve.jsonl``), and the table printed."""
     table = aggregate(before, after, args.methods, args.seeds, sources, failed)
     episodes = next((r["episodes"] for split in after.values() for ev in split.values() for r in ev["rows"]), None)
     meta = {**meta, "seeds": args.seeds, "splits": args.splits, "episodes": episodes,
             "before_of": {m: source_of for m, source_of in sources.items() if source_of != m}, "comparisons": comparisons(table), "failed": failed}
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": public(table)}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
-    logs = {m: [str(curve_file(out, run_label(m, s))) for s in args.seeds if run_label(m, s) not in failed] for m in args.methods}
+    logs = {m: [str(curve_file(curves or out, run_label(m, s))) for s in args.seeds if run_label(m, s) not in failed] for m in args.methods}
     curves = [f"--curves={m}=" + ",".join(files) for m, files in logs.items() if files]
     if plots.main([*curves, "--out", str(out)]) != 0:
         print("reproduce: the learning curves could not be drawn (see above); the table is written", file=sys.stderr)
@@ -934,12 +953,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     out = Path(args.out)
     if args.report:
+        saved = Path(args.archive) if args.archive else out
         try:
-            before, after, sources, failed, meta = saved_evaluations(args, out)
+            before, after, sources, failed, meta = saved_evaluations(args, saved)
         except ReproduceError as error:
             print(f"reproduce: {error}", file=sys.stderr)
             return 1
-        write_table(out, args, before, after, sources, failed, meta)
+        out.mkdir(parents=True, exist_ok=True)
+        write_table(out, args, before, after, sources, failed, meta, curves=saved)
         return 0
     out.mkdir(parents=True, exist_ok=True)
     try:

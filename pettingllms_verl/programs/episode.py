@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -37,6 +38,9 @@ from pettingllms_verl.rollout.episode import ERRORS, EngineDead, Episode, Prompt
 from pettingllms_verl.targets import load_target
 
 DIVERGED_NODE = "x"  # the node of a diverged replay's calls: trained as an independent run's
+# the calls' prompts are rendered here, off the event loop, one at a time (one tokenizer user: a fast
+# tokenizer changing its truncation for one call would fail another's), in the order the calls came
+RENDERS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pettingllms-render")
 
 
 @dataclass
@@ -115,7 +119,7 @@ class Run:
             self.fault = self.fault or ("program_call_limit", error)
             raise error
         try:  # off the event loop: a program may send megabytes (seconds of template and tokenizer), the other episodes go on
-            prompt_ids = await asyncio.to_thread(self.render, request.messages, request.tools)
+            prompt_ids = await asyncio.get_running_loop().run_in_executor(RENDERS, self.render, request.messages, request.tools)
         except PromptTooLong as error:
             self.fault = self.fault or ("prompt_overflow", error)
             raise GatewayError(400, str(error), "context_length_exceeded") from None

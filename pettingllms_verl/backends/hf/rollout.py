@@ -227,9 +227,9 @@ class HFRolloutServer:
 
     async def _gather(self) -> None:
         """Let more requests join the pending ones: return once a quiet gap (see BATCH_WAIT_FRACTION)
-        has passed since the last one came, or BATCH_MAX_WAIT_S after the first. Each arrival wakes
-        the wait, so the call starts one gap after the last request rather than at the end of a
-        whole gap that held none (up to two gaps of idle engine per call)."""
+        has passed since the last one came, or BATCH_MAX_WAIT_S after this wait began. Each arrival
+        wakes the wait, so the call starts one gap after the last request (waiting for a whole gap
+        that held none cost up to two gaps of idle engine per call)."""
         loop = asyncio.get_running_loop()
         gap = quiet_gap(self._last_call_s)
         deadline = loop.time() + BATCH_MAX_WAIT_S
