@@ -77,7 +77,8 @@ def chat_inputs(tokenizer, processor, messages: Sequence[Mapping[str, Any]], too
     or tools' text (a model's reply or program output shown to a role) is taken out: it would read as
     one more image or video than the chat holds, and the prompt fail to render or the model call to run."""
     if processor is not None:
-        messages, tools = without_text(messages, placeholder_texts(processor)), without_text(tools, placeholder_texts(processor))
+        placeholders = placeholder_texts(processor)
+        messages, tools = without_text(messages, placeholders), without_text(tools, placeholders)
     images = message_images(messages)
     if not images:
         ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False,

@@ -938,8 +938,8 @@ def write_table(out: Path, args: argparse.Namespace, before: dict, after: dict, 
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": public(table)}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
     logs = {m: [str(curve_file(curves or out, run_label(m, s))) for s in args.seeds if run_label(m, s) not in failed] for m in args.methods}
-    curves = [f"--curves={m}=" + ",".join(files) for m, files in logs.items() if files]
-    if plots.main([*curves, "--out", str(out)]) != 0:
+    curve_args = [f"--curves={m}=" + ",".join(files) for m, files in logs.items() if files]
+    if plots.main([*curve_args, "--out", str(out)]) != 0:
         print("reproduce: the learning curves could not be drawn (see above); the table is written", file=sys.stderr)
     plot_table(table, out)
     print(markdown(table, meta))
