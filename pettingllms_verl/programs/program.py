@@ -146,11 +146,17 @@ async def _fork(config: ProgramConfig, variables: dict[str, str]) -> tuple[int, 
     return pid, asyncio.gather(_read(out_r), _read(err_r))
 
 
-async def _exited(pid: int) -> None:
-    """Until a run's process has exited (a forked one is the fork server's child, reaped by the kernel)."""
+def _pidfd(pid: int) -> int | None:
+    """A run's process as a pidfd (None: it has already exited and been reaped)."""
     try:
-        pidfd = os.pidfd_open(pid)
+        return os.pidfd_open(pid)
     except ProcessLookupError:
+        return None
+
+
+async def _exited(pidfd: int | None) -> None:
+    """Until a run's process has exited (a forked one is the fork server's child, reaped by the kernel)."""
+    if pidfd is None:
         return
     loop = asyncio.get_running_loop()
     done = loop.create_future()
@@ -159,7 +165,6 @@ async def _exited(pid: int) -> None:
         await done
     finally:
         loop.remove_reader(pidfd)
-        os.close(pidfd)
 
 
 async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key: str) -> Any:
@@ -184,8 +189,9 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
             )
             pid, output = process.pid, asyncio.gather(_tail(process.stdout), _tail(process.stderr))
         reading = asyncio.ensure_future(output)
+        pidfd = _pidfd(pid)
         try:  # its exit, by pidfd: asyncio's wait() also waits for the pipes, which a left-behind child holds
-            await asyncio.wait_for(_exited(pid), config.time_limit_s)
+            await asyncio.wait_for(_exited(pidfd), config.time_limit_s)
         except asyncio.TimeoutError:
             raise ProgramFailed("program_timeout", f"the program ran past pettingllms.program.time_limit_s={config.time_limit_s:g} s and was killed") from None
         finally:
@@ -195,10 +201,15 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
                 pass
             try:
                 out, err = await asyncio.wait_for(reading, OUTPUT_GRACE_S)  # the group is gone: its pipes close
-                if process is not None:
-                    await asyncio.wait_for(process.wait(), OUTPUT_GRACE_S)
             except asyncio.TimeoutError:
                 out, err = b"", b"(a process outside the program's group kept its output open)"
+            try:  # a killed process closes its pipes before it has done exiting: the episode ends after its run
+                await asyncio.wait_for(_exited(pidfd) if process is None else process.wait(), OUTPUT_GRACE_S)
+            except asyncio.TimeoutError:
+                pass  # SIGKILL is sent; a process the kernel holds longer (uninterruptible sleep) is not ours to wait for
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
     stderr = err.decode(errors="replace")[-OUTPUT_CHARS:]
     if process is not None and process.returncode != 0:
         raise ProgramFailed("program_error", f"the program exited with status {process.returncode}; its stderr ends:\n{stderr}")
