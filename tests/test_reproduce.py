@@ -391,8 +391,8 @@ def test_a_failed_seed_is_reported_as_failed_and_left_out_and_methods_are_compar
     text = reproduce.markdown(table, {"steps": 40, "seeds": [0, 1], "episodes": 64, "wall_s": 60, "warm_starts": {},
                                       "comparisons": reproduce.comparisons(table)})
     assert "| MAS + AT-GRPO, shared policy | 0.505 [0.441, 0.569] | 0.800 (one run) | n/a (needs 2+ runs a side) |" in text
-    assert "| 0.800 | failed |" in text
-    assert "**MAS + AT-GRPO, shared policy, seed 1: training failed**, left out of the figures: training mas_s1 failed" in text
+    assert "| 0.800 | left out |" in text
+    assert "**MAS + AT-GRPO, shared policy, seed 1: left out of the figures**: training mas_s1 failed" in text
     assert text.index("## Development test split") < text.index("## Confirmation split")
     assert "- MAS + AT-GRPO, shared policy - MAS + GRPO grouped by problem, shared policy: over seeds n/a (needs 2+ runs a side); paired +0.250 [" in text
 
@@ -741,6 +741,10 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     assert reproduce.main([*no_steps, *table_out, "--steps", "3"]) == 0
     failed = json.loads((tmp_path / "table" / "reproduce.json").read_text())["failed"]
     assert sorted(failed) == ["mas_s1", "per_role_s1"] and "did not finish" in failed["mas_s1"]
+    shutil.copytree(tmp_path / "out" / "checkpoints" / "mas_s1", kept / "checkpoints" / "mas_s1", ignore=lambda *_: ["global_step_3"])
+    assert reproduce.main([*no_steps, *table_out, "--steps", "3"]) == 0  # a run trained whole is not called failed
+    failed = json.loads((tmp_path / "table" / "reproduce.json").read_text())["failed"]
+    assert failed["mas_s1"].startswith("trained, not evaluated after training") and "did not finish" in failed["per_role_s1"]
     shutil.copytree(tmp_path / "out" / "after" / "test" / "s1", kept / "after" / "test" / "s1")
     assert reproduce.main([*no_steps, *table_out, "--steps", "3"]) == 1
     assert f"{kept / 'after' / 'confirm' / 's1'}: no finished evaluation there" in capsys.readouterr().err

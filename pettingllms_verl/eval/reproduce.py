@@ -777,7 +777,7 @@ def markdown(table: list[dict], meta: dict) -> str:
             after = _interval_text(part["after"], list(part["after_per_seed"].values()))
             gain = "-" if row["swapped"] else _gain_text(part["gain"])
             paired = "-" if row["swapped"] else _gain_text(part["gain_paired"])
-            cells = ["failed" if s in row["failed_seeds"] else fmt(part["after_per_seed"].get(s)) for s in seeds]
+            cells = ["left out" if s in row["failed_seeds"] else fmt(part["after_per_seed"].get(s)) for s in seeds]
             lines.append("| " + " | ".join([row["name"], before, after, gain, paired, *cells, roles or "-"]) + " |")
         lines += ["", f"After training on {what.lower()}, a - b (over seeds: {stats.WELCH} between methods, a {stats.PAIRED_T} "
                   "for one method's policies swapped; paired: over problems):", ""]
@@ -798,7 +798,7 @@ def markdown(table: list[dict], meta: dict) -> str:
     for row in table:
         for seed, why in row["failed_seeds"].items():
             if not row["swapped"]:
-                lines += ["", f"**{row['name']}, seed {seed}: training failed**, left out of the figures: {why}"]
+                lines += ["", f"**{row['name']}, seed {seed}: left out of the figures**: {why}"]
     return "\n".join(lines) + "\n"
 
 
@@ -904,7 +904,10 @@ def saved_evaluations(args: argparse.Namespace, saved: Path) -> tuple[dict, dict
             missing = [saved / "after" / split / f"s{seed}" for split in args.splits
                        if seed in no_after or label not in prints[saved / "after" / split / f"s{seed}"].get("configs", {})]
             if missing:
-                failed[label] = f"no evaluation of it after training in {', '.join(map(str, missing))} (its training run failed or did not finish)"
+                record = saved / "checkpoints" / label / "trained.json"
+                failed[label] = (f"trained, not evaluated after training: no evaluation in {', '.join(map(str, missing))} "
+                                 "(run without --report to play it)" if record.is_file() else
+                                 f"no evaluation of it after training in {', '.join(map(str, missing))} (its training run failed or did not finish)")
     labels = [run_label(m, s) for m in args.methods for s in args.seeds]
     try:
         trained = [json.loads((saved / "checkpoints" / label / "trained.json").read_text())["steps"] for label in labels
