@@ -25,7 +25,7 @@ TASK = {
     "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}, {"input": "-3 1\n", "output": "-2\n"}],
     "solution": SUM,
 }
-FAST = code_env.SandboxLimits(wall_s=2.0, cpu_s=1, memory_mb=256, max_output_bytes=4096)
+LIMITS = code_env.SandboxLimits(wall_s=60.0, cpu_s=1, memory_mb=256, max_output_bytes=4096)  # no wall limit a loaded machine reaches
 
 
 def program(body: str) -> str:
@@ -39,7 +39,7 @@ def io_reply(*pairs: tuple[str, str]) -> str:
 def new_env(task=TASK, **config):
     env = make("code", max_turns=3, **config)
     env.reset(seed=0, task=task)
-    env.test_limits = FAST
+    env.test_limits = LIMITS
     return env
 
 
@@ -50,9 +50,9 @@ def test_every_fixture_solution_passes_its_tests_and_a_wrong_program_does_not():
     assert len(tasks) >= 12
     for task in tasks:
         cases = [(t["input"], t["output"]) for t in task["tests"]]
-        assert all(o.passed for o in code_env.run_tests(task["solution"], cases, FAST)), task["problem"]
+        assert all(o.passed for o in code_env.run_tests(task["solution"], cases, LIMITS)), task["problem"]
     first = [(t["input"], t["output"]) for t in tasks[0]["tests"]]
-    assert not all(o.passed for o in code_env.run_tests("print(0)", first, FAST))
+    assert not all(o.passed for o in code_env.run_tests("print(0)", first, LIMITS))
 
 
 def test_outputs_compare_token_by_token():
@@ -68,8 +68,10 @@ def test_outputs_compare_token_by_token():
     ("import os\nos.kill(os.getpid(), 9)", "killed"),
 ])
 def test_hostile_programs_fail_their_tests_and_say_why(body, status):
-    # cpu_s far above wall_s: only the wall limit can end the loop ("timeout"), however loaded the machine
-    [outcome] = code_env.run_tests(body, [("1 2\n", "3\n")], code_env.SandboxLimits(wall_s=1.0, cpu_s=30, max_output_bytes=4096))
+    # cpu_s far above wall_s: only the wall limit can end the loop ("timeout"), however loaded the machine;
+    # the programs that end by themselves get a wall limit no slowness reaches
+    limits = code_env.SandboxLimits(wall_s=1.0 if status == "timeout" else 60.0, cpu_s=30, max_output_bytes=4096)
+    [outcome] = code_env.run_tests(body, [("1 2\n", "3\n")], limits)
     assert (outcome.passed, outcome.status) == (False, status)
 
 

@@ -59,7 +59,7 @@ def test_grading_works_from_worker_threads():
 
 
 def test_a_hostile_answer_is_wrong_and_the_grader_recovers():
-    grader = AnswerGrader(timeout_s=1)
+    grader = AnswerGrader(timeout_s=3)  # the right answers below parse well inside it on a loaded machine
     try:
         assert grader.equivalent("3", "9^{9^{9^{9}}}") is False
         assert grader.equivalent("3", "3") is True  # same grader, afterwards
@@ -153,8 +153,9 @@ def test_turn_budget_ends_an_episode_without_agreement(env):
 ])
 def test_tool_rewards(env, reply, reward, status):
     # CPU seconds never exceed wall seconds: with cpu_s far above wall_s only the wall limit can end
-    # a loop ("timeout"), however loaded the machine (cpu_s=1 raced it: "killed" or "timeout")
-    env.tool_limits = math_env.SandboxLimits(wall_s=1.0, cpu_s=30)
+    # a loop ("timeout"), however loaded the machine (cpu_s=1 raced it: "killed" or "timeout"); a
+    # program that ends by itself gets a wall limit a loaded machine's slowness cannot reach
+    env.tool_limits = math_env.SandboxLimits(wall_s=1.0 if status == "timeout" else 60.0, cpu_s=30)
     result = env.step("tool", reply)
     assert (result.local_reward, result.info["tool_status"]) == (reward, status)
     assert result.parse_ok == (status != "no_code")

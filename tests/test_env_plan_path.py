@@ -1,5 +1,6 @@
 """Plan-Path: BFS, rewards, prompts, clones, the tool agent, fuzzed replies, data prep."""
 
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -176,6 +177,7 @@ def test_tool_failures_are_penalised():
     assert stuck.local_reward == TOOL_FAILURE_PENALTY and stuck.info["tool_status"] == "timeout"
     assert stuck.info["sandbox_runs"] == {"timeout": 1}  # reaches the metrics (mas/tool/sandbox/timeout)
     assert env.observation("plan")[1]["content"].endswith("[timeout]")
+    env.tool_limits = dataclasses.replace(env.tool_limits, wall_s=60.0)  # the programs below end by themselves, however slowly
     crashed = env.step("tool", "```python\nraise SystemExit(3)\n```")
     assert crashed.local_reward == TOOL_FAILURE_PENALTY and crashed.info["tool_status"] == "error"
     assert crashed.info["sandbox_runs"] == {"error": 1}

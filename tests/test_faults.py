@@ -290,10 +290,10 @@ def test_a_hanging_grader_is_killed_and_only_the_answer_it_held_counts_as_wrong(
     pool, or a fresh one), and the episode plays out with no error."""
     from pettingllms_verl.envs.math import grading as math_grading
 
-    for grader in math_grading._pool._graders:
-        monkeypatch.setattr(grader, "timeout_s", 1)  # the bound: 3 x 1 s + 1 s instead of 16 s
     assert math_grading.equivalent("3", "3")
-    hung = math_grading._pool._idle.queue[-1]._process  # the child the next call reaches first
+    first = math_grading._pool._idle.queue[-1]  # the grader the next call reaches first
+    monkeypatch.setattr(first, "timeout_s", 1)  # its bound: 3 x 1 s + 1 s instead of 16 s (the others grade as usual)
+    hung = first._process
     os.kill(hung.pid, signal.SIGSTOP)
     task = {"problem": "What is 1 + 2?", "answer": "3"}
     outputs = play_env(tokenizer, ReplyingServer(tokenizer, "\\boxed{3}"), "math", task, response_length=32, max_turns=1)

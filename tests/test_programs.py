@@ -175,8 +175,9 @@ def test_no_more_runs_are_alive_at_once_than_the_slots_allow(tmp_path):
 
 
 def test_a_run_waits_for_a_slot_and_its_time_limit_starts_when_it_gets_one(tmp_path):
-    """The only slot held for 6 s, longer than the run's 5 s limit: the run waits, then plays whole."""
-    config = program("alive_together", max_parallel_runs=1, time_limit_s=5)
+    """The only slot held for 16 s, longer than the run's 15 s limit (a run's own time on a loaded
+    machine stays well inside it): the run waits, then plays whole."""
+    config = program("alive_together", max_parallel_runs=1, time_limit_s=15)
 
     async def main():
         door = Gateway()
@@ -185,7 +186,7 @@ def test_a_run_waits_for_a_slot_and_its_time_limit_starts_when_it_gets_one(tmp_p
             async with run_slot(1):
                 episode = asyncio.ensure_future(play_program(config, {"env": "t", "seed": 0, "task": {"dir": str(tmp_path)}}, AGENTS, 1, 1.0,
                                                              door, render, Model()))
-                await asyncio.sleep(6)
+                await asyncio.sleep(16)
                 assert not (tmp_path / "counts").exists()  # not started while the slot was held
             return await episode
         finally:
