@@ -187,12 +187,13 @@ def test_processes_left_behind_die_once_no_run_is_in_flight():
     sleeper = threading.Thread(
         target=lambda: outcome.update(res=run_python("import time; time.sleep(120)", limits=SandboxLimits(wall_s=120)))
     )
+    there = set(_namespace_processes().values())  # the server, and what an earlier test's runs left still dying
     sleeper.start()
     deadline = time.monotonic() + 60
-    while len(_namespace_processes()) < 2:  # the server, then the sleeper
+    while not (new := [pid for pid in _namespace_processes().values() if pid not in there and _alive(pid)]):
         assert time.monotonic() < deadline, "the sleeper run never started"
         time.sleep(0.05)
-    (sleeper_pid,) = [pid for ns_pid, pid in _namespace_processes().items() if ns_pid != 1]
+    (sleeper_pid,) = new
     res = run_python(LOOPING_GRANDCHILD.format(escape_group=True, parent_then="sys.exit(0)"))
     assert res.status == "ok"
     grandchild = _host_pid(int(res.stdout))

@@ -153,7 +153,7 @@ class _ForkServerHandle:
 
     def is_dead(self) -> bool:
         try:
-            self.process.wait(timeout=1.0)  # a server that just died may not have exited yet
+            self.process.wait(timeout=10.0)  # one that just died may not have exited yet (PID 1 of its namespace waits for it to empty)
         except subprocess.TimeoutExpired:
             return False
         return True
