@@ -180,8 +180,9 @@ class ProgramConfig:
     command: Optional[List[str]] = key("or a command (any language): reads OPENAI_BASE_URL, OPENAI_API_KEY and PETTINGLLMS_TASK_FILE (the task, a JSON file) from its environment, prints its reward as the last line")
     reward: Optional[str] = key("optional 'module:function': fn(task=, transcript=, output=) -> reward (any form a program may return), over the recorded calls (replaces what the program returns)")
     success_at: float = key("an episode counts as solved when its team reward (or the mean of its agents' rewards) reaches this, unless the program returns its own success", 1.0)
-    time_limit_s: float = key("wall time a program run may take; past it its processes are killed and the episode is lost (program_timeout)", 300.0)
-    max_calls: int = key("most model calls one program run may make (all agents together); one more loses the episode (program_call_limit)", 64)
+    time_limit_s: float = key("wall time a program run may take; past it its processes are killed and the episode is lost (program_timeout), or rewarded limit_reward", 300.0)
+    max_calls: int = key("most model calls one program run may make (all agents together); one more loses the episode (program_call_limit), or rewards it limit_reward", 64)
+    limit_reward: Optional[float] = key("the reward of every call of a run stopped at max_calls or time_limit_s: it trains as a truncated episode (program_limit, never a success), as an environment's out of turns does; null: such a run is a fault, its episode lost")
     max_parallel_runs: int = key("program runs alive at once per rollout worker (agent.num_workers of them: the machine's bound is the product); each run is a process, ~30 MB and up; the others wait their turn before their time limit starts", 64)
     host: str = key("the interface the gateway listens on (loopback unless you need the program elsewhere)", "127.0.0.1")
     max_request_bytes: int = key("largest request body the gateway accepts", 4 * 1024 * 1024)
@@ -296,6 +297,8 @@ class PettingLLMsConfig:
         for name in ("time_limit_s", "max_calls", "max_parallel_runs"):
             if getattr(self.program, name) <= 0:
                 raise SettingsError(f"{SECTION}.program.{name}: {getattr(self.program, name)}; must be positive")
+        if self.program.limit_reward is not None and not math.isfinite(self.program.limit_reward):
+            raise SettingsError(f"{SECTION}.program.limit_reward: {self.program.limit_reward}; a finite reward (e.g. -1.0), or null")
         if not 0.0 <= self.trainer.fault_budget <= 1.0:
             raise SettingsError(f"{SECTION}.trainer.fault_budget: {self.trainer.fault_budget}; a share of episodes, in [0, 1]")
         table = self.policy_table()

@@ -54,6 +54,26 @@ async def too_many_calls(task, client):
     return 1.0
 
 
+async def loops_on_zero(task, client):
+    """The writer's one reply decides: a '0' sends the checker round forever (into the call limit),
+    anything else ends after one check with the team reward 1."""
+    ai = client.openai()
+    reply = await ai.chat.completions.create(model="writer", messages=[{"role": "user", "content": "go"}])
+    while True:
+        await ai.chat.completions.create(model="checker", messages=[{"role": "user", "content": f"check {reply.choices[0].message.content}"}])
+        if "0" not in reply.choices[0].message.content:
+            return 1.0
+
+
+def calls_then_hangs(task, client):
+    """One call, then hangs past any time limit."""
+    from openai import OpenAI
+
+    OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0).chat.completions.create(
+        model="writer", messages=[{"role": "user", "content": "go"}])
+    time.sleep(600)
+
+
 def hangs(task, client):
     """Starts a child that would outlive it, writes both pids, then hangs."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

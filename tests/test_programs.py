@@ -19,7 +19,7 @@ from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, Run, play_pr
 from pettingllms_verl.programs.gateway import Gateway, GatewayError, parse_request
 from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_slot
 from pettingllms_verl.config import ProgramConfig, SettingsError, load
-from pettingllms_verl.rollout.episode import ERRORS, PromptTooLong
+from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS, PromptTooLong
 from plan_path_frameworks import AUTOGEN_PYTHON, EXAMPLES  # the example programs' folder, the AutoGen team's Python
 
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "team_programs.py")
@@ -152,6 +152,8 @@ def test_a_program_config_is_checked_before_anything_runs():
     assert load({"program": {"command": ["prog"]}, "roles": {"a": {}}}).program.enabled
     with pytest.raises(SettingsError, match="pettingllms.program.max_parallel_runs: 0; must be positive"):
         load({"program": {"target": "x:y", "max_parallel_runs": 0}, "roles": {"a": {}}})
+    with pytest.raises(SettingsError, match="pettingllms.program.limit_reward: nan; a finite reward"):
+        load({"program": {"target": "x:y", "limit_reward": float("nan")}, "roles": {"a": {}}})
 
 
 def test_no_more_runs_are_alive_at_once_than_the_slots_allow(tmp_path):
@@ -277,6 +279,33 @@ def test_a_failed_program_loses_its_episode_by_cause(name, cause):
         assert "RuntimeError: the program broke" in str(episode.error)
 
 
+def test_a_run_stopped_at_its_call_or_time_limit_trains_with_limit_reward_as_a_truncation():
+    assert "program_limit" in TRUNCATIONS and "program_limit" not in ERRORS
+    episode = play(program("too_many_calls", max_calls=5, limit_reward=-0.5), alpha=0.5)
+    assert episode.end_cause == "program_limit" and "max_calls=5" in str(episode.error) and not episode.success
+    assert [s.reward for s in episode.samples] == [-0.5] * 5 and episode.final_global_reward == -0.5  # each call, whatever alpha
+    episode = play(program("calls_then_hangs", time_limit_s=10, limit_reward=-1.0))
+    assert episode.end_cause == "program_limit" and "time_limit_s=10" in str(episode.error)
+    assert [(s.role, s.reward) for s in episode.samples] == [("writer", -1.0)]
+
+
+def test_in_a_tree_a_branch_stopped_at_its_call_limit_is_scored_by_limit_reward_and_not_chosen():
+    writer_calls = []
+
+    async def model(request, n, prompt_ids):  # the writer's first replies alternate: a '0' loops, a '1' ends
+        text = "ok"
+        if request.agent == "writer":
+            writer_calls.append(None)
+            text = "01"[len(writer_calls) % 2]
+        ids = [ord(c) for c in text]
+        return Reply(ids, [-0.5] * len(ids), {"role": "assistant", "content": text}, "stop", None)
+
+    episode = play(program("loops_on_zero", max_calls=6, limit_reward=-1.0), k=4, model=model)
+    assert episode.end_cause is None and episode.success
+    first = sorted((s.reward, s.chosen) for s in episode.samples if s.node == "")
+    assert first == [(-1.0, False), (-1.0, False), (1.0, False), (1.0, True)]  # the looping branches train, penalised
+
+
 def test_a_last_line_that_python_will_not_read_as_json_is_named_as_the_reward_it_must_be():
     for last in ("9" * 5000, "[" * 5000 + "]" * 5000):  # a 5,000-digit number, and nesting deeper than Python reads
         episode = play(ProgramConfig(command=[sys.executable, "-c", f"print({last!r})"]))
@@ -285,7 +314,8 @@ def test_a_last_line_that_python_will_not_read_as_json_is_named_as_the_reward_it
 
 def test_a_program_past_its_time_limit_is_killed_with_its_children(tmp_path):
     pid_file = tmp_path / "pids"
-    episode = play(program("hangs", time_limit_s=3), task={"pid_file": str(pid_file)})
+    # a run stopped before its first call is a fault though limit_reward is set: it has nothing to train
+    episode = play(program("hangs", time_limit_s=3, limit_reward=-1.0), task={"pid_file": str(pid_file)})
     assert episode.end_cause == "program_timeout" and "time_limit_s=3" in str(episode.error)
     def running(pid: int) -> bool:
         try:

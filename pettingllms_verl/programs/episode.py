@@ -7,7 +7,8 @@ else ``alpha`` times the team reward (``program.Outcome``).
 
 Independent mode (K = 1): one run per episode; verl's ``rollout.n`` episodes of a problem group
 their calls by (problem, n, agent). A run that fails (``program.ProgramFailed``, an engine fault)
-loses its episode: without a reward its calls cannot be trained.
+loses its episode: without a reward its calls cannot be trained. One stopped at its own call or time
+limit (``LIMITS``) is rewarded ``program.limit_reward`` instead where that is set: a truncation.
 
 Tree mode (K > 1), by replay: node 0 is K runs from scratch, each a branch of the program's first
 call. The best branch (highest reward of that call's agent, lowest index on ties) is the chosen
@@ -38,6 +39,7 @@ from pettingllms_verl.rollout.episode import ERRORS, EngineDead, Episode, Prompt
 from pettingllms_verl.targets import load_target
 
 DIVERGED_NODE = "x"  # the node of a diverged replay's calls: trained as an independent run's
+LIMITS = ("program_call_limit", "program_timeout")  # a run's own limits: a truncation where program.limit_reward is set
 # the calls' prompts are rendered here, off the event loop, one at a time (one tokenizer user: a fast
 # tokenizer changing its truncation for one call would fail another's), in the order the calls came
 RENDERS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pettingllms-render")
@@ -177,6 +179,10 @@ async def _run_once(config: ProgramConfig, task: dict, agents: tuple[str, ...], 
         finally:
             run.closed = True
             door.close(token)  # from here its token is unknown: a late call is answered 404, recorded nowhere
+        if fault is not None and fault[0] in LIMITS and config.limit_reward is not None and run.calls:
+            # a truncation its calls learn from (a team that loops is penalised, not dropped); what the program said is not asked
+            result = Outcome(config.limit_reward, {agent: config.limit_reward for agent in agents}, False)
+            fault = ("program_limit", fault[1])
         if fault is not None and fault[0] in ERRORS:
             result = None
         return Finished(run, result, fault, time.perf_counter() - started)

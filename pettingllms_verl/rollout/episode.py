@@ -34,7 +34,9 @@ from pettingllms_verl.envs.images import message_images
 from pettingllms_verl.envs.text import Messages
 
 # Why an episode ended: None = the environment finished it.
-TRUNCATIONS = ("max_turns", "prompt_overflow")  # out of turns | a prompt over the rollout's prompt budget
+# out of turns | a prompt over the rollout's prompt budget | a team program stopped at its call or time
+# limit, rewarded pettingllms.program.limit_reward
+TRUNCATIONS = ("max_turns", "prompt_overflow", "program_limit")
 # the engine failed a request | the environment raised | the engine's server is dead (the run stops);
 # a team program (programs/) raised or printed no reward | ran past its time limit | made no model
 # call | made more calls than allowed
