@@ -304,6 +304,21 @@ def test_in_a_tree_a_branch_stopped_at_its_call_limit_is_scored_by_limit_reward_
     assert episode.end_cause is None and episode.success
     first = sorted((s.reward, s.chosen) for s in episode.samples if s.node == "")
     assert first == [(-1.0, False), (-1.0, False), (1.0, False), (1.0, True)]  # the looping branches train, penalised
+    assert episode.program["diverged"] == 0
+
+
+def test_in_a_tree_where_every_branch_loops_the_episode_ends_with_the_chosen_one_truncated():
+    calls = []
+
+    async def model(request, n, prompt_ids):  # every writer reply loops
+        calls.append(request.agent)
+        text = "0" if request.agent == "writer" else "ok"
+        return Reply([ord(c) for c in text], [-0.5] * len(text), {"role": "assistant", "content": text}, "stop", None)
+
+    episode = play(program("loops_on_zero", max_calls=6, limit_reward=-1.0), k=4, model=model)
+    assert episode.end_cause == "program_limit" and not episode.success and episode.final_global_reward == -1.0
+    assert [(s.node, s.reward) for s in episode.samples] == [("", -1.0)] * 4  # node 0 alone: no replays of a looping run
+    assert len(calls) == 4 * 6  # the four runs' calls up to the limit, nothing after
 
 
 def test_a_last_line_that_python_will_not_read_as_json_is_named_as_the_reward_it_must_be():
@@ -320,7 +335,7 @@ def test_a_program_past_its_time_limit_is_killed_with_its_children(tmp_path):
     def running(pid: int) -> bool:
         try:
             with open(f"/proc/{pid}/stat") as f:  # gone, or a zombie awaiting its reaper
-                return not f.read().split(") ")[1].startswith("Z")
+                return f.read().split(") ")[1][0] not in "ZX"
         except FileNotFoundError:
             return False
 

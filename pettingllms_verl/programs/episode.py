@@ -253,7 +253,7 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
             if index == 0 or (not finished.run.diverged and own is not None and not own.replayed and own.prompt_ids == at.prompt_ids):
                 kept.append((index, finished, own))
             else:  # not replayable here: its sampled calls train as an independent run's
-                episode.program["diverged"] += 1
+                episode.program["diverged"] += finished.fault is None  # one stopped at its limit before this call asked nothing else
                 episode.samples.extend(
                     _sample(c, DIVERGED_NODE, 0, finished.outcome.reward(c.agent, alpha), finished.outcome, alpha)
                     for c in finished.run.calls if not c.replayed
@@ -269,7 +269,9 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
         chosen = kept[best][1]
         path = f"{path}.{best}" if path else str(best)
         calls = chosen.run.keyed()
-        if all(key in played for key in calls):
+        # the best run was stopped at its limit (every branch was): the episode ends with it, truncated,
+        # rather than replay a run that loops, K - 1 times at each of its calls
+        if all(key in played for key in calls) or chosen.fault is not None:
             _end(episode, chosen)
             return episode
         branches = [chosen, *await runs({key: calls[key] for key in played}, k - 1)]

@@ -189,27 +189,29 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
             )
             pid, output = process.pid, asyncio.gather(_tail(process.stdout), _tail(process.stderr))
         reading = asyncio.ensure_future(output)
-        pidfd = _pidfd(pid)
-        try:  # its exit, by pidfd: asyncio's wait() also waits for the pipes, which a left-behind child holds
-            await asyncio.wait_for(_exited(pidfd), config.time_limit_s)
-        except asyncio.TimeoutError:
-            raise ProgramFailed("program_timeout", f"the program ran past pettingllms.program.time_limit_s={config.time_limit_s:g} s and was killed") from None
-        finally:
-            try:
-                os.killpg(pid, signal.SIGKILL)  # what it left behind in its group
-            except ProcessLookupError:
-                pass
-            try:
-                out, err = await asyncio.wait_for(reading, OUTPUT_GRACE_S)  # the group is gone: its pipes close
+        pidfd = None
+        try:
+            try:  # its exit, by pidfd: asyncio's wait() also waits for the pipes, which a left-behind child holds
+                pidfd = _pidfd(pid)
+                await asyncio.wait_for(_exited(pidfd), config.time_limit_s)
             except asyncio.TimeoutError:
-                out, err = b"", b"(a process outside the program's group kept its output open)"
-            try:  # a killed process closes its pipes before it has done exiting: the episode ends after its run
-                await asyncio.wait_for(_exited(pidfd) if process is None else process.wait(), OUTPUT_GRACE_S)
-            except asyncio.TimeoutError:
-                pass  # SIGKILL is sent; a process the kernel holds longer (uninterruptible sleep) is not ours to wait for
+                raise ProgramFailed("program_timeout", f"the program ran past pettingllms.program.time_limit_s={config.time_limit_s:g} s and was killed") from None
             finally:
-                if pidfd is not None:
-                    os.close(pidfd)
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # what it left behind in its group
+                except ProcessLookupError:
+                    pass
+                try:
+                    out, err = await asyncio.wait_for(reading, OUTPUT_GRACE_S)  # the group is gone: its pipes close
+                except asyncio.TimeoutError:
+                    out, err = b"", b"(a process outside the program's group kept its output open)"
+                try:  # a killed process closes its pipes before it has done exiting: the episode ends after its run
+                    await asyncio.wait_for(_exited(pidfd) if process is None else process.wait(), OUTPUT_GRACE_S)
+                except asyncio.TimeoutError:
+                    pass  # SIGKILL is sent; a process the kernel holds longer (uninterruptible sleep) is not ours to wait for
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
     stderr = err.decode(errors="replace")[-OUTPUT_CHARS:]
     if process is not None and process.returncode != 0:
         raise ProgramFailed("program_error", f"the program exited with status {process.returncode}; its stderr ends:\n{stderr}")

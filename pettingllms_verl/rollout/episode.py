@@ -100,7 +100,7 @@ class Episode:
     samples: list[Sample] = field(default_factory=list)
     success: bool = False
     end_cause: str | None = None  # None (the env finished), or one of TRUNCATIONS / ERRORS
-    error: BaseException | None = None  # what ended it, for an ERRORS or prompt_overflow end
+    error: BaseException | None = None  # what ended it, for an ERRORS, prompt_overflow or program_limit end
     turns: int = 0
     final_global_reward: float = 0.0
     generate_s: float = 0.0  # wall time spent waiting for the engine
