@@ -147,6 +147,19 @@ def test_top_k_one_matches_greedy(engine, chat_ids):
     assert top1.token_ids == greedy.token_ids
 
 
+def test_every_call_hands_the_memory_it_freed_back_even_when_it_fails(engine, chat_ids, monkeypatch):
+    from pettingllms_verl.backends.hf import engine as engine_module
+
+    trims = []
+    monkeypatch.setattr(engine_module, "_MALLOC_TRIM", trims.append)
+    engine.generate([chat_ids("hi"), chat_ids("there")], [SamplingSpec(max_tokens=4)] * 2)
+    assert trims == [0]  # malloc_trim(0): every arena, once per call
+    monkeypatch.setattr(engine, "_generate_group", lambda *args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        engine.generate([chat_ids("hi")], [SamplingSpec(max_tokens=4)])
+    assert trims == [0, 0]
+
+
 def test_stop_string_ends_generation(engine, tokenizer, chat_ids):
     prompt = chat_ids("Say something")
     free = engine.generate([prompt], [SamplingSpec(max_tokens=16, temperature=0.0)])[0]
