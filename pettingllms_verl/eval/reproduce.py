@@ -904,10 +904,10 @@ def saved_evaluations(args: argparse.Namespace, saved: Path) -> tuple[dict, dict
             missing = [saved / "after" / split / f"s{seed}" for split in args.splits
                        if seed in no_after or label not in prints[saved / "after" / split / f"s{seed}"].get("configs", {})]
             if missing:
-                record = saved / "checkpoints" / label / "trained.json"
-                failed[label] = (f"trained, not evaluated after training: no evaluation in {', '.join(map(str, missing))} "
-                                 "(run without --report to play it)" if record.is_file() else
-                                 f"no evaluation of it after training in {', '.join(map(str, missing))} (its training run failed or did not finish)")
+                where = ", ".join(map(str, missing))
+                failed[label] = (f"trained, not evaluated after training: no evaluation in {where} (run without --report to play it)"
+                                 if (saved / "checkpoints" / label / "trained.json").is_file() else
+                                 f"no evaluation of it after training in {where} (its training run failed or did not finish)")
     labels = [run_label(m, s) for m in args.methods for s in args.seeds]
     try:
         trained = [json.loads((saved / "checkpoints" / label / "trained.json").read_text())["steps"] for label in labels
