@@ -8,7 +8,11 @@ the same problems (2 problems x K = 4 x 2 roles x <= 2 turns per step):
   ``actor_rollout_ref.actor.use_prefix_grouper=false`` (full fine-tuning, every row's prompt whole);
 - ``recipe``: ``plan_path_mas_lora_smollm2_cpu`` as shipped;
 - ``recipe, adapters unfolded``: the recipe with the rollout serving each adapter as peft's active
-  adapter (``engine_kwargs.hf.merge_adapters=false``), what it did before adapters were folded.
+  adapter (``engine_kwargs.hf.merge_adapters=false``), what it did before adapters were folded;
+- ``threads``, ``baseline_threads``: the recipe, and the baseline, with the rollout server and the
+  trainer's workers each on every usable core (``engine_kwargs.hf.torch_threads`` and the workers'
+  ``OMP_NUM_THREADS``; the recipes give each one thread). A synchronous step generates, then updates:
+  the two never compute at once. Ratios are given against ``baseline`` and, where it ran, ``baseline_threads``.
 
 No checkpoints, no validation. The figure is the second step's ``timing_s/*`` (the first warms up)
 and its ratio to the baseline's. Each run samples its own replies, so the steps compared differ in
@@ -19,7 +23,7 @@ what a step drew (generation does not scale with it). Run it with nothing else o
 so that a drift of the machine reaches every setting alike; each ratio is taken within a repeat and
 reported as its mean over the repeats with a 95 % t interval (N - 1 degrees of freedom).
 
-    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded] [--repeats N] [--out benchmarks/results/real_step.json]
+    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded,threads,baseline_threads] [--repeats N] [--out benchmarks/results/real_step.json]
     python benchmarks/bench_real_step.py --logs DIR   # the table again from a run's logs (DIR/<run>[_<repeat>].jsonl)
 """
 
@@ -39,7 +43,13 @@ RUNS = {  # name -> (label, recipe, steps, overrides)
     "recipe": ("plan_path_mas_lora_smollm2_cpu", "plan_path_mas_lora_smollm2_cpu", 3, []),
     "unfolded": ("the recipe, adapters unfolded in the rollout", "plan_path_mas_lora_smollm2_cpu", 3,
                  ["++actor_rollout_ref.rollout.engine_kwargs.hf.merge_adapters=false"]),
+    # every core to whichever side works: generation and the update take turns in a synchronous step
+    "threads": ("the recipe, rollout and trainer on every core", "plan_path_mas_lora_smollm2_cpu", 3, ["{threads}"]),
+    "baseline_threads": ("baseline, rollout and trainer on every core", "plan_path_mas_atgrpo_cpu", 2,
+                         ["actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.use_prefix_grouper=false", "{threads}"]),
 }
+THREADS = ["++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={cores}",
+           '++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{cores}"']
 PARTS = ("step", "gen", "old_log_prob", "update_actor", "update_weights")  # timing_s/<part>
 TIMED_STEP = 2
 
@@ -65,12 +75,16 @@ def log_name(name: str, repeat: int, repeats: int) -> str:
 
 def run(root: str, name: str, log: str) -> dict:
     """One run through main_ppo, logged to ``root/log``; its timed step's ``timing_s/*``."""
+    from pettingllms_verl.eval.runs import usable_cores
     from pettingllms_verl.models import smollm2
 
     _, recipe, steps, overrides = RUNS[name]
     log = os.path.join(root, log)
+    cores = usable_cores()
+    overrides = [expanded for override in overrides for expanded in (THREADS if override == "{threads}" else [override])]
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"), "--config-name", recipe,
-               f"trainer.total_training_steps={steps}", *COMMON, *(override.format(model=os.path.join(root, smollm2.FOLDER)) for override in overrides)]
+               f"trainer.total_training_steps={steps}", *COMMON,
+               *(override.format(model=os.path.join(root, smollm2.FOLDER), cores=cores) for override in overrides)]
     env = {**os.environ, "PETTINGLLMS_ARTIFACTS": root, "VERL_FILE_LOGGER_PATH": log, "HF_HUB_OFFLINE": "1"}
     started = time.monotonic()
     output_path = log.removesuffix(".jsonl") + ".log"
@@ -98,13 +112,22 @@ def figures(log: str) -> dict:
     }
 
 
+BASELINES = ("baseline", "baseline_threads")
+
+
+def ratio_keys(names: list[str]) -> list[str]:
+    """The ratio columns: step time and time per token against each baseline that ran."""
+    return [f"{what}_vs_{base}" for base in BASELINES if base in names for what in ("step", "per_token")]
+
+
 def with_ratios(rows: list[dict]) -> None:
-    """Each row's step time and time per token against the baseline's of the same repeat."""
-    baselines = {row["repeat"]: row for row in rows if row["run"] == "baseline"}
-    for row in rows:
-        base = baselines.get(row["repeat"])
-        row["step_vs_baseline"] = row["step_s"] / base["step_s"] if base else None
-        row["per_token_vs_baseline"] = row["ms_per_token"] / base["ms_per_token"] if base else None
+    """Each row's step time and time per token against each baseline's of the same repeat (None where it did not run)."""
+    for base_name in BASELINES:
+        baselines = {row["repeat"]: row for row in rows if row["run"] == base_name}
+        for row in rows:
+            base = baselines.get(row["repeat"])
+            row[f"step_vs_{base_name}"] = row["step_s"] / base["step_s"] if base else None
+            row[f"per_token_vs_{base_name}"] = row["ms_per_token"] / base["ms_per_token"] if base else None
 
 
 def summary(rows: list[dict], names: list[str]) -> list[dict]:
@@ -116,7 +139,7 @@ def summary(rows: list[dict], names: list[str]) -> list[dict]:
         runs = [row for row in rows if row["run"] == name]
         entry = {"run": name, "setting": RUNS[name][0], "repeats": len(runs)}
         entry |= {key: sum(row[key] for row in runs) / len(runs) for key in (*(f"{part}_s" for part in PARTS), "tokens", "ms_per_token")}
-        for key in ("step_vs_baseline", "per_token_vs_baseline"):
+        for key in ratio_keys(names):
             ratios = [row[key] for row in runs if row[key] is not None]
             entry[key] = sum(ratios) / len(ratios) if ratios else None
             entry[f"{key}_interval"] = seed_interval(ratios)
@@ -159,19 +182,21 @@ def main() -> None:
         taken = time.strftime("%Y-%m-%d")
     with_ratios(rows)
     print(f"\nsecond step's timing_s/* (s), runs of {taken}" + ("" if args.logs else f", {os.cpu_count()} logical CPUs"))
-    print(f"{'setting':<46} {'rep':>3} {'step':>6} {'gen':>6} {'old lp':>6} {'update':>6} {'sync':>5} {'tokens':>6} {'ms/tok':>6} {'step/base':>9} {'per token':>9}")
+    ratios = ratio_keys(names)
+    heads = {key: key.replace("per_token", "tok").replace("_vs_", "/").replace("baseline", "base") for key in ratios}
+    print(f"{'setting':<46} {'rep':>3} {'step':>6} {'gen':>6} {'old lp':>6} {'update':>6} {'sync':>5} {'tokens':>6} {'ms/tok':>6} "
+          + " ".join(f"{heads[key]:>21}" for key in ratios))
     for row in rows:
         print(f"{row['setting']:<46} {row['repeat']:>3} {row['step_s']:>6.1f} {row['gen_s']:>6.1f} {row['old_log_prob_s']:>6.2f} {row['update_actor_s']:>6.1f} "
               f"{row['update_weights_s']:>5.2f} {row['tokens']:>6} {row['ms_per_token']:>6.2f} "
-              f"{ratio_text(row['step_vs_baseline'], None):>9} {ratio_text(row['per_token_vs_baseline'], None):>9}")
+              + " ".join(f"{ratio_text(row[key], None):>21}" for key in ratios))
     settings = summary(rows, names)
     if args.repeats > 1:
         print(f"\nmean over {args.repeats} repeats, ratios within a repeat with their 95 % t interval over the repeats")
-        print(f"{'setting':<46} {'step':>6} {'gen':>6} {'update':>6} {'step/base':>26} {'per token':>26}")
+        print(f"{'setting':<46} {'step':>6} {'gen':>6} {'update':>6} " + " ".join(f"{heads[key]:>26}" for key in ratios))
         for entry in settings:
             print(f"{entry['setting']:<46} {entry['step_s']:>6.1f} {entry['gen_s']:>6.1f} {entry['update_actor_s']:>6.1f} "
-                  f"{ratio_text(entry['step_vs_baseline'], entry['step_vs_baseline_interval']):>26} "
-                  f"{ratio_text(entry['per_token_vs_baseline'], entry['per_token_vs_baseline_interval']):>26}")
+                  + " ".join(f"{ratio_text(entry[key], entry[f'{key}_interval']):>26}" for key in ratios))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"runs": rows, "settings": settings}, f, indent=2)
