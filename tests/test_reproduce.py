@@ -742,9 +742,19 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     failed = json.loads((tmp_path / "table" / "reproduce.json").read_text())["failed"]
     assert sorted(failed) == ["mas_s1", "per_role_s1"] and "did not finish" in failed["mas_s1"]
     shutil.copytree(tmp_path / "out" / "checkpoints" / "mas_s1", kept / "checkpoints" / "mas_s1", ignore=lambda *_: ["global_step_3"])
+    (kept / "logs").mkdir()
+    shutil.copy(tmp_path / "out" / "logs" / "mas_s1.jsonl", kept / "logs")
+    drawn = []
+    monkeypatch.setattr(reproduce.plots, "main", lambda argv: drawn.extend(argv) or 0)
     assert reproduce.main([*no_steps, *table_out, "--steps", "3"]) == 0  # a run trained whole is not called failed
-    failed = json.loads((tmp_path / "table" / "reproduce.json").read_text())["failed"]
-    assert failed["mas_s1"].startswith("trained, not evaluated after training") and "did not finish" in failed["per_role_s1"]
+    assert any(arg.startswith("--curves=mas=") and str(kept / "logs" / "mas_s1.jsonl") in arg for arg in drawn)  # its curve drawn
+    table = json.loads((tmp_path / "table" / "reproduce.json").read_text())
+    assert sorted(table["failed"]) == ["per_role_s1"] and "did not finish" in table["failed"]["per_role_s1"]
+    assert sorted(table["not_evaluated"]) == ["mas_s1"] and table["not_evaluated"]["mas_s1"].startswith("trained, not evaluated after training")
+    mas = next(row for row in table["rows"] if row["method"] == "mas")
+    assert mas["failed_seeds"] == {} and list(mas["not_evaluated_seeds"]) == ["1"] and mas["splits"]["test"]["after_per_seed"].keys() == {"0"}
+    assert reproduce.main([*no_steps, *table_out, "--steps", "4"]) == 1  # evaluations of runs trained for 3 steps are not a table of 4
+    assert "runs trained for other steps than --steps 4: mas_s1 3" in capsys.readouterr().err
     shutil.copytree(tmp_path / "out" / "after" / "test" / "s1", kept / "after" / "test" / "s1")
     assert reproduce.main([*no_steps, *table_out, "--steps", "3"]) == 1
     assert f"{kept / 'after' / 'confirm' / 's1'}: no finished evaluation there" in capsys.readouterr().err

@@ -632,26 +632,29 @@ def _mean_roles(rows: list[dict]) -> dict[str, float]:
 
 
 def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], sources: dict[str, str] | None = None,
-              failed: dict[str, str] | None = None) -> list[dict]:
+              failed: dict[str, str] | None = None, not_evaluated: dict[str, str] | None = None) -> list[dict]:
     """One row per method (and per-role swapped), per split: test success before (the evaluations of
     ``sources[method]``, ``before_sources``; default its own: one per training seed, each sampled with
     that seed) and after (each seed's run), per seed and as a mean over seeds with its t interval
     (``stats.seed_interval``); the gain over before across runs (Welch's t, ``stats.seed_difference``)
     and paired over test problems (``stats.paired_problems``); per role its mean reward. A seed in
-    ``failed`` (label -> why) is listed as failed and left out of every figure.
+    ``failed`` (label -> why) is listed as failed and left out of every figure; one in ``not_evaluated``
+    (label -> why: trained, not yet played after training) likewise, listed as such.
 
     ``before``, ``after``: split -> seed -> an evaluation (``read_evaluation``)."""
-    failed = failed or {}
+    failed, not_evaluated = failed or {}, not_evaluated or {}
+    left_out = {**failed, **not_evaluated}
     table = []
     for method in methods:
         source = (sources or {}).get(method, method)
         for swapped in ([False, True] if method in SWAPPED else [False]):
             labels = {seed: run_label(method, seed) for seed in seeds}
             row = {"method": method, "recipe": METHODS[method][0], "name": METHODS[method][1] + (", policies swapped" if swapped else ""),
-                   "swapped": swapped, "failed_seeds": {s: failed[label] for s, label in labels.items() if label in failed}, "splits": {}}
+                   "swapped": swapped, "failed_seeds": {s: failed[label] for s, label in labels.items() if label in failed},
+                   "not_evaluated_seeds": {s: not_evaluated[label] for s, label in labels.items() if label in not_evaluated}, "splits": {}}
             for split in after.keys() | before.keys():
                 starts = {s: r for s in seeds if (r := _row_of(before.get(split, {}).get(s), source, False)) is not None}
-                ends = {s: r for s in seeds if labels[s] not in failed and (r := _row_of(after.get(split, {}).get(s), labels[s], swapped)) is not None}
+                ends = {s: r for s in seeds if labels[s] not in left_out and (r := _row_of(after.get(split, {}).get(s), labels[s], swapped)) is not None}
                 b, a = [r["success"] for r in starts.values()], [r["success"] for r in ends.values()]
                 a_out = _outcomes_of([(after[split][s], labels[s]) for s in ends], swapped)
                 b_out = _outcomes_of([(before[split][s], source) for s in starts], False)
@@ -777,7 +780,7 @@ def markdown(table: list[dict], meta: dict) -> str:
             after = _interval_text(part["after"], list(part["after_per_seed"].values()))
             gain = "-" if row["swapped"] else _gain_text(part["gain"])
             paired = "-" if row["swapped"] else _gain_text(part["gain_paired"])
-            cells = ["left out" if s in row["failed_seeds"] else fmt(part["after_per_seed"].get(s)) for s in seeds]
+            cells = ["left out" if s in row["failed_seeds"] or s in row["not_evaluated_seeds"] else fmt(part["after_per_seed"].get(s)) for s in seeds]
             lines.append("| " + " | ".join([row["name"], before, after, gain, paired, *cells, roles or "-"]) + " |")
         lines += ["", f"After training on {what.lower()}, a - b (over seeds: {stats.WELCH} between methods, a {stats.PAIRED_T} "
                   "for one method's policies swapped; paired: over problems):", ""]
@@ -796,7 +799,7 @@ def markdown(table: list[dict], meta: dict) -> str:
         lines += ["", f"Before training, {METHODS[method][1]} is the team of {METHODS[source][1]} (every role from the same model): "
                   "one evaluation stands for both."]
     for row in table:
-        for seed, why in row["failed_seeds"].items():
+        for seed, why in sorted({**row["failed_seeds"], **row["not_evaluated_seeds"]}.items()):
             if not row["swapped"]:
                 lines += ["", f"**{row['name']}, seed {seed}: left out of the figures**: {why}"]
     return "\n".join(lines) + "\n"
@@ -897,26 +900,32 @@ def saved_evaluations(args: argparse.Namespace, saved: Path) -> tuple[dict, dict
         if not played:
             raise ReproduceError(f"{saved}/before: no evaluation of {method} (nor of the shared team) before training")
         sources[method] = played[0]
-    failed = {}
+    failed, not_evaluated = {}, {}
     for seed in args.seeds:
         for method in args.methods:
             label = run_label(method, seed)
             missing = [saved / "after" / split / f"s{seed}" for split in args.splits
                        if seed in no_after or label not in prints[saved / "after" / split / f"s{seed}"].get("configs", {})]
-            if missing:
-                where = ", ".join(map(str, missing))
-                failed[label] = (f"trained, not evaluated after training: no evaluation in {where} (run without --report to play it)"
-                                 if (saved / "checkpoints" / label / "trained.json").is_file() else
-                                 f"no evaluation of it after training in {where} (its training run failed or did not finish)")
+            if not missing:
+                continue
+            where = ", ".join(map(str, missing))
+            if (saved / "checkpoints" / label / "trained.json").is_file():
+                not_evaluated[label] = f"trained, not evaluated after training: no evaluation in {where} (run without --report to play it)"
+            else:
+                failed[label] = f"no evaluation of it after training in {where} (its training run failed or did not finish)"
     labels = [run_label(m, s) for m in args.methods for s in args.seeds]
     try:
-        trained = [json.loads((saved / "checkpoints" / label / "trained.json").read_text())["steps"] for label in labels
-                   if (saved / "checkpoints" / label / "trained.json").is_file()]
+        trained = {label: json.loads((saved / "checkpoints" / label / "trained.json").read_text())["steps"] for label in labels
+                   if (saved / "checkpoints" / label / "trained.json").is_file()}
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ReproduceError(f"{saved}/checkpoints: a trained.json is not a record ({error!r}); say --steps") from None
     if not (args.steps or trained):
         raise ReproduceError(f"{saved}/checkpoints: no trained.json of the runs asked for tells their steps; say --steps")
-    meta = {"steps": args.steps or max(trained), "source_sha256": next(iter(prints.values()))["source"], "report": True,
+    other = {label: steps for label, steps in trained.items() if steps != (args.steps or max(trained.values()))}
+    if other:  # one table, one training length
+        raise ReproduceError(f"{saved}/checkpoints: runs trained for other steps than " + (f"--steps {args.steps}" if args.steps else
+                             f"the others' {max(trained.values())}") + ": " + ", ".join(f"{label} {steps}" for label, steps in sorted(other.items())))
+    meta = {"steps": args.steps or max(trained.values()), "not_evaluated": not_evaluated, "source_sha256": next(iter(prints.values()))["source"], "report": True,
             "split_sha256": {split: prints[saved / "before" / split / f"s{args.seeds[0]}"]["problems"] for split in args.splits},
             "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in
                                 next(warm[label] for label in [*(run_label(m, s) for s in args.seeds), sources[m]] if label in warm).items()}
@@ -933,14 +942,19 @@ def curve_file(out: Path, label: str) -> Path:
 def write_table(out: Path, args: argparse.Namespace, before: dict, after: dict, sources: dict[str, str], failed: dict[str, str],
                 meta: dict, curves: Path | None = None) -> None:
     """reproduce.json, reproduce.md, reproduce.png and the learning curves (the runs' in ``curves``,
-    default ``out``: ``logs/``, or an archive's ``checkpoints/<run>/curve.jsonl``), and the table printed."""
-    table = aggregate(before, after, args.methods, args.seeds, sources, failed)
+    default ``out``: ``logs/``, or an archive's ``checkpoints/<run>/curve.jsonl``), and the table printed.
+    A run in ``failed`` or ``meta["not_evaluated"]`` is left out of the figures; the latter's curve is drawn."""
+    not_evaluated = meta.get("not_evaluated", {})
+    table = aggregate(before, after, args.methods, args.seeds, sources, failed, not_evaluated)
     episodes = next((r["episodes"] for split in after.values() for ev in split.values() for r in ev["rows"]), None)
     meta = {**meta, "seeds": args.seeds, "splits": args.splits, "episodes": episodes,
-            "before_of": {m: source_of for m, source_of in sources.items() if source_of != m}, "comparisons": comparisons(table), "failed": failed}
+            "before_of": {m: source_of for m, source_of in sources.items() if source_of != m}, "comparisons": comparisons(table), "failed": failed,
+            "not_evaluated": not_evaluated}
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": public(table)}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
-    logs = {m: [str(curve_file(curves or out, run_label(m, s))) for s in args.seeds if run_label(m, s) not in failed] for m in args.methods}
+    curve_of = {label: curve_file(curves or out, label) for label in (run_label(m, s) for m in args.methods for s in args.seeds)}
+    drawn = [label for label, curve in curve_of.items() if label not in failed and (label not in not_evaluated or curve.is_file())]
+    logs = {m: [str(curve_of[run_label(m, s)]) for s in args.seeds if run_label(m, s) in drawn] for m in args.methods}
     curve_args = [f"--curves={m}=" + ",".join(files) for m, files in logs.items() if files]
     if plots.main([*curve_args, "--out", str(out)]) != 0:
         print("reproduce: the learning curves could not be drawn (see above); the table is written", file=sys.stderr)
