@@ -9,10 +9,12 @@ the same problems (2 problems x K = 4 x 2 roles x <= 2 turns per step):
 - ``recipe``: ``plan_path_mas_lora_smollm2_cpu`` as shipped;
 - ``recipe, adapters unfolded``: the recipe with the rollout serving each adapter as peft's active
   adapter (``engine_kwargs.hf.merge_adapters=false``), what it did before adapters were folded;
-- ``threads``, ``baseline_threads``: the recipe, and the baseline, with the rollout server and the
-  trainer's workers each on every usable core (``engine_kwargs.hf.torch_threads`` and the workers'
-  ``OMP_NUM_THREADS``; the recipes give each one thread). A synchronous step generates, then updates:
-  the two never compute at once. Ratios are given against ``baseline`` and, where it ran, ``baseline_threads``.
+- ``one_thread``: the recipe with the rollout server and the trainer's workers on one thread each
+  (``engine_kwargs.hf.torch_threads`` and the workers' ``OMP_NUM_THREADS``), as the tiny recipes and
+  the baseline run; the recipe gives each both cores (``base/cpu_one_run``);
+- ``baseline_threads``: the baseline with each side on every usable core, as the recipe. A
+  synchronous step generates, then updates: the two never compute at once. Ratios are given against
+  ``baseline`` and, where it ran, ``baseline_threads``.
 
 No checkpoints, no validation. The figure is the second step's ``timing_s/*`` (the first warms up)
 and its ratio to the baseline's. Each run samples its own replies, so the steps compared differ in
@@ -23,7 +25,7 @@ what a step drew (generation does not scale with it). Run it with nothing else o
 so that a drift of the machine reaches every setting alike; each ratio is taken within a repeat and
 reported as its mean over the repeats with a 95 % t interval (N - 1 degrees of freedom).
 
-    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded,threads,baseline_threads] [--repeats N] [--out benchmarks/results/real_step.json]
+    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded,one_thread,baseline_threads] [--repeats N] [--out benchmarks/results/real_step.json]
     python benchmarks/bench_real_step.py --logs DIR   # the table again from a run's logs (DIR/<run>[_<repeat>].jsonl)
 """
 
@@ -43,13 +45,11 @@ RUNS = {  # name -> (label, recipe, steps, overrides)
     "recipe": ("plan_path_mas_lora_smollm2_cpu", "plan_path_mas_lora_smollm2_cpu", 3, []),
     "unfolded": ("the recipe, adapters unfolded in the rollout", "plan_path_mas_lora_smollm2_cpu", 3,
                  ["++actor_rollout_ref.rollout.engine_kwargs.hf.merge_adapters=false"]),
-    # every core to whichever side works: generation and the update take turns in a synchronous step
-    "threads": ("the recipe, rollout and trainer on every core", "plan_path_mas_lora_smollm2_cpu", 3, ["{threads}"]),
+    "one_thread": ("the recipe, rollout and trainer on one thread each", "plan_path_mas_lora_smollm2_cpu", 3, ["{one_thread}"]),
     "baseline_threads": ("baseline, rollout and trainer on every core", "plan_path_mas_atgrpo_cpu", 2,
                          ["actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.use_prefix_grouper=false", "{threads}"]),
 }
-THREADS = ["++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={cores}",
-           '++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{cores}"']
+THREADS = ["++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={n}", '++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{n}"']
 PARTS = ("step", "gen", "old_log_prob", "update_actor", "update_weights")  # timing_s/<part>
 TIMED_STEP = 2
 
@@ -81,10 +81,11 @@ def run(root: str, name: str, log: str) -> dict:
     _, recipe, steps, overrides = RUNS[name]
     log = os.path.join(root, log)
     cores = usable_cores()
-    overrides = [expanded for override in overrides for expanded in (THREADS if override == "{threads}" else [override])]
+    threads = {"{threads}": cores, "{one_thread}": 1}
+    overrides = [expanded for override in overrides
+                 for expanded in ([t.format(n=threads[override]) for t in THREADS] if override in threads else [override.format(model=os.path.join(root, smollm2.FOLDER))])]
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"), "--config-name", recipe,
-               f"trainer.total_training_steps={steps}", *COMMON,
-               *(override.format(model=os.path.join(root, smollm2.FOLDER), cores=cores) for override in overrides)]
+               f"trainer.total_training_steps={steps}", *COMMON, *overrides]
     env = {**os.environ, "PETTINGLLMS_ARTIFACTS": root, "VERL_FILE_LOGGER_PATH": log, "HF_HUB_OFFLINE": "1"}
     started = time.monotonic()
     output_path = log.removesuffix(".jsonl") + ".log"

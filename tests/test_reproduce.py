@@ -163,7 +163,7 @@ def test_training_runs_go_jobs_at_once_and_a_failed_one_is_reported_while_the_ot
     def main_ppo(command, **kwargs):  # stands in for main_ppo: the runs themselves go through reproduce.train
         label = next(arg for arg in command if arg.startswith("trainer.experiment_name=")).split("=repro_")[1]
         trained.append(label)
-        threads.update(arg.split("=", 1)[1] for arg in command if "OMP_NUM_THREADS" in arg)
+        threads.update(arg.split("=", 1)[1] for arg in command if "OMP_NUM_THREADS" in arg or "torch_threads" in arg)
         if label in ("sa_s0", "sa_s1"):  # the first two of the three
             two_running.wait()
         return subprocess.CompletedProcess(command, 1 if label == "sa_s9" else 0)
@@ -173,7 +173,7 @@ def test_training_runs_go_jobs_at_once_and_a_failed_one_is_reported_while_the_ot
     reproduce.train_all(40, args, tmp_path / "out", {"sa": reproduce.warm_start(args, "sa")}, {"sa": reproduce.training_settings("sa", args)})
     assert sorted(trained) == ["sa_s0", "sa_s1", "sa_s2"]
     assert capsys.readouterr().out.count("] done in") == 3
-    assert threads == {'"2"'}  # the trainer's threads: 4 cores shared by 2 runs at once
+    assert threads == {'"2"', "2"}  # the trainer's and the rollout server's threads: 4 cores shared by 2 runs at once
     trained.clear()
     threads.clear()
     failing = reproduce.parse_args(["--methods", "sa", "--seeds", "9,8", "--jobs", "1", "--out", str(tmp_path / "out")])
@@ -182,8 +182,9 @@ def test_training_runs_go_jobs_at_once_and_a_failed_one_is_reported_while_the_ot
     assert list(failed) == ["sa_s9"] and "training sa_s9 failed (exit 1)" in failed["sa_s9"]
     assert trained == ["sa_s9", "sa_s8"]  # the run after the failed one still trained
     assert "[train sa_s9] FAILED" in capsys.readouterr().out
-    assert threads == {'"4"'}  # one run at a time: all 4 cores
-    assert reproduce.trainer_threads(reproduce.parse_args(["--set", '++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="1"'])) == []
+    assert threads == {'"4"', "4"}  # one run at a time: all 4 cores
+    named = reproduce.parse_args(["--jobs", "1", "--set", '++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="1"'])
+    assert reproduce.run_threads(named) == ["++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads=4"]  # the one --set names is its
 
 
 def test_finished_steps_reads_verls_last_file(tmp_path):
@@ -266,7 +267,8 @@ def test_a_run_saved_with_other_training_settings_is_trained_again_and_said_befo
     assert "[train mas_s0] saved, but will be trained again: it was trained with other settings" in said.out
     assert "train.parquet does not exist" in said.err and launched == []
     later = args("data.val_batch_size=8", "trainer.test_freq=20", "trainer.save_freq=10", "data.seed=3",
-                 "actor_rollout_ref.rollout.val_kwargs.temperature=0.5")  # how it validates and saves; the seed is the command's
+                 "actor_rollout_ref.rollout.val_kwargs.temperature=0.5",  # how it validates and saves; the seed is the command's
+                 "++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads=3")  # and the rollout's threads
     reproduce.train("mas", 0, 40, later, out, reproduce.warm_start(later, "mas"))
     assert launched == [] and "finished earlier" in capsys.readouterr().out  # kept
     assert reproduce.changed_keys({"a": 1, "b": True, "c": [1]}, {"a": 1.0, "b": 1, "c": [1], "new": 0}) == ["a: 1 -> 1.0", "b: true -> 1"]

@@ -238,7 +238,7 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
         "trainer.resume_mode=auto",
         f"data.seed={seed}",
         f"actor_rollout_ref.rollout.seed={seed}",
-        *trainer_threads(args),
+        *run_threads(args),
     ]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(launch_log(log_dir, label).resolve())}
     log_path = log_dir / f"{label}.main_ppo.log"
@@ -298,14 +298,15 @@ def keep_run(checkpoints: Path, label: str, args: argparse.Namespace, out: Path)
         evaluate.say(f"[train {label}] not kept in {args.archive}: it holds a full model (too large to keep; its evaluations are kept)")
 
 
-def trainer_threads(args: argparse.Namespace) -> list[str]:
-    """The override that gives a training run's Ray workers (the trainer) the cores of its share, ``--jobs``
-    runs at once: Ray starts an actor without ``num_cpus`` with one thread, which leaves a core idle in
-    the update when one run has the machine (the rollout server keeps its own ``torch_threads``).
-    Nothing when ``--set`` names the threads itself."""
-    if any("OMP_NUM_THREADS" in override for override in args.overrides):
-        return []
-    return [f'++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{max(1, runs.usable_cores() // args.jobs)}"']
+def run_threads(args: argparse.Namespace) -> list[str]:
+    """The overrides that give a training run's trainer (its Ray workers) and its hf rollout server each
+    the cores of its share, ``--jobs`` runs at once: a synchronous step generates, then updates, so the
+    two never compute at once. Ray starts an actor without ``num_cpus`` with one thread, and the tiny
+    recipes give the server one: a core would idle through both. Either is left out where ``--set`` names it."""
+    share = max(1, runs.usable_cores() // args.jobs)
+    wanted = {"OMP_NUM_THREADS": f'++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{share}"',
+              "torch_threads": f"++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={share}"}
+    return [override for name, override in wanted.items() if not any(name in given for given in args.overrides)]
 
 
 def mark_trained(checkpoints: Path, steps: int) -> None:
@@ -327,7 +328,7 @@ def trained_id(checkpoints: Path) -> str | None:
 
 
 # keys that do not change what a run learns, which a resumed run may change: its length, cadence, names and
-# paths, validation, profiling, Ray; and the seeds, which the training command sets per run
+# paths, validation, profiling, Ray and threads; and the seeds, which the training command sets per run
 NOT_SETTINGS = ("trainer.total_training_steps", "trainer.test_freq", "trainer.save_freq", "trainer.logger", "trainer.project_name",
                 "trainer.experiment_name", "trainer.default_local_dir", "trainer.default_hdfs_dir", "trainer.resume_mode",
                 "trainer.resume_from_path", "trainer.val_before_train", "trainer.val_only", "trainer.log_val_generations",
@@ -335,7 +336,7 @@ NOT_SETTINGS = ("trainer.total_training_steps", "trainer.test_freq", "trainer.sa
                 "trainer.max_critic_ckpt_to_keep", "trainer.del_local_ckpt_after_load", "trainer.esi_redundant_time",
                 "trainer.ray_wait_register_center_timeout", "data.val_", "data.validation_shuffle", "data.seed",
                 "actor_rollout_ref.rollout.val_kwargs", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.rollout.trace",
-                "ray_kwargs", "global_profiler", "pettingllms.paths")
+                "ray_kwargs", "actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads", "global_profiler", "pettingllms.paths")
 
 
 PROGRAM_SOURCE = "pettingllms.program.source_sha256"  # in flat_config: a team program's own files, outside the package

@@ -95,8 +95,9 @@ def server_options(
 def claim_device(device: str, rollout_config: Any) -> str:
     """Set this process up for ``device`` ("cpu" or "cuda"); a CUDA server that sees no device is an error."""
     if device == "cpu":
-        # Trainer, agent-loop and rollout processes share the cores: one thread each avoids
-        # OpenMP oversubscription, which made decoding ~30x slower on 2 cores.
+        # Trainer, agent-loop and rollout processes share the cores: one thread each (the default)
+        # avoids OpenMP oversubscription, which made decoding ~30x slower on 2 cores where runs
+        # overlap; a run alone may give the server every core (recipes/base/cpu_one_run.yaml).
         torch.set_num_threads(int(_engine_kwargs(rollout_config).get("torch_threads", 1)))
         return device
     if not torch.cuda.is_available():
