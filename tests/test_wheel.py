@@ -36,8 +36,7 @@ def venv(tmp_path_factory) -> Path:
     # the source tree, and a build/ left there by an earlier build would put files since removed into
     # the wheel. Not the whole folder: it holds the test tiers' virtual environments (gigabytes).
     source = root / "source"
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, check=True).stdout.decode()
+    listed = _run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]).stdout
     for name in filter(None, listed.split("\0")):
         if (REPO / name).exists():  # a tracked file deleted in the worktree is not copied
             (source / name).parent.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ from transformers import Cache, PreTrainedModel, PreTrainedTokenizerBase, Static
 from pettingllms_verl.lora_names import adapter_of
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
+MIN_SHARED_PREFIX = 16  # tokens: a shorter common prefix is not worth a forward of its own
 try:  # glibc's; elsewhere (musl, macOS) there is nothing to call and freed memory is the allocator's own business
     _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim
 except (AttributeError, OSError, TypeError):
@@ -59,8 +60,6 @@ def release_freed_memory() -> None:
     """Return the allocator's free pages to the system (see the module docstring)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
-
-MIN_SHARED_PREFIX = 16  # tokens: a shorter common prefix is not worth a forward of its own
 
 
 @dataclass(frozen=True)
