@@ -169,7 +169,7 @@ reproduce-program: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/d
 # role, each warm-started by verl's SFT trainer (LoRA) on its role's replies in team episodes of the
 # same demonstrations, then MAS + AT-GRPO (plan_path_mas_lora_smollm2_repro_cpu), evaluated on
 # REAL_TEST problems of each held-out split before and after, as trained and swapped, REAL_SEEDS training
-# runs. About 3.5 hours per seed on 2 cores: a rerun resumes a training run from its last checkpoint and
+# runs. About 4.5 hours per seed on 2 cores: a rerun resumes a training run from its last checkpoint and
 # keeps a finished run and each finished evaluation; seeds can be added one at a time (REAL_SEEDS=0, then 0,1, ...).
 REAL_SFT_STEPS ?= 60
 REAL_SEEDS ?= 0,1,2
