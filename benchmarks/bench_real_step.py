@@ -12,9 +12,9 @@ the same problems (2 problems x K = 4 x 2 roles x <= 2 turns per step):
 - ``one_thread``: the recipe with the rollout server and the trainer's workers on one thread each
   (``engine_kwargs.hf.torch_threads`` and the workers' ``OMP_NUM_THREADS``), as the tiny recipes and
   the baseline run; the recipe gives each both cores (``base/cpu_one_run``);
-- ``baseline_threads``: the baseline with each side on every usable core, as the recipe. A
-  synchronous step generates, then updates: the two never compute at once. Ratios are given against
-  ``baseline`` and, where it ran, ``baseline_threads``.
+- ``baseline_threads``: the baseline with each side on as many threads as the recipe gives them
+  (``base/cpu_one_run``). A synchronous step generates, then updates: the two never compute at once.
+  Ratios are given against ``baseline`` and, where it ran, ``baseline_threads``.
 
 No checkpoints, no validation. The figure is the second step's ``timing_s/*`` (the first warms up)
 and its ratio to the baseline's. Each run samples its own replies, so the steps compared differ in
@@ -36,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from pettingllms_verl.backends.cpu import usable_cores
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.resume_mode=disable"]
@@ -75,13 +77,14 @@ def log_name(name: str, repeat: int, repeats: int) -> str:
 
 def run(root: str, name: str, log: str) -> dict:
     """One run through main_ppo, logged to ``root/log``; its timed step's ``timing_s/*``."""
-    from pettingllms_verl.eval.runs import usable_cores
+    from omegaconf import OmegaConf
+
     from pettingllms_verl.models import smollm2
 
     _, recipe, steps, overrides = RUNS[name]
     log = os.path.join(root, log)
-    cores = usable_cores()
-    threads = {"{threads}": cores, "{one_thread}": 1}
+    recipe_threads = OmegaConf.load(os.path.join(REPO, "recipes", "base", "cpu_one_run.yaml")).actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads
+    threads = {"{threads}": recipe_threads, "{one_thread}": 1}
     overrides = [expanded for override in overrides
                  for expanded in ([t.format(n=threads[override]) for t in THREADS] if override in threads else [override.format(model=os.path.join(root, smollm2.FOLDER))])]
     command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"), "--config-name", recipe,
@@ -156,7 +159,7 @@ def ratio_text(value: float | None, interval: dict | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (the ratios are to baseline's)")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (ratios against baseline and, where it ran, baseline_threads)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; 2 or more: each ratio's 95 %% t interval over them")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "real_step.json"))
     parser.add_argument("--logs", help="a folder with the runs' file logs (<run>.jsonl, or <run>_<repeat>.jsonl with --repeats): print and write the table from them, run nothing")
@@ -182,7 +185,7 @@ def main() -> None:
                 for repeat, name in order]
         taken = time.strftime("%Y-%m-%d")
     with_ratios(rows)
-    print(f"\nsecond step's timing_s/* (s), runs of {taken}" + ("" if args.logs else f", {os.cpu_count()} logical CPUs"))
+    print(f"\nsecond step's timing_s/* (s), runs of {taken}" + ("" if args.logs else f", {usable_cores()} usable cores"))
     ratios = ratio_keys(names)
     heads = {key: key.replace("per_token", "tok").replace("_vs_", "/").replace("baseline", "base") for key in ratios}
     print(f"{'setting':<46} {'rep':>3} {'step':>6} {'gen':>6} {'old lp':>6} {'update':>6} {'sync':>5} {'tokens':>6} {'ms/tok':>6} "

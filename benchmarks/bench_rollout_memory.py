@@ -6,7 +6,7 @@ rollout's weights, as ``plan_path_mas_lora_smollm2_cpu`` serves them: each "step
 adapters (new tensors, as the trainer's sync sends them) and runs four calls of varied rows,
 prompt lengths and reply lengths (a fixed random sequence, the same in both settings) on an
 executor thread, as the server does. Each setting runs in a fresh process; its resident set size
-(RSS) is read after every step.
+(RSS) is read after every step (between steps: "most after a step" is no peak within a call).
 
     python benchmarks/bench_rollout_memory.py [--steps 10] [--out benchmarks/results/rollout_memory.json]
 """
@@ -73,19 +73,20 @@ def main() -> None:
         print(json.dumps(run(args.steps, args.child == "released")))
         return
     results = {}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     for setting in ("kept", "released"):
         print(f"{setting}: a fresh process, {args.steps} steps", flush=True)
-        child = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", setting],
-                               stdout=subprocess.PIPE, text=True, check=True)
+        child = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", setting], stdout=subprocess.PIPE, text=True)
+        if child.returncode != 0:
+            sys.exit(f"{setting}: its process exited {child.returncode}; the settings before it are in {args.out}")
         results[setting] = json.loads(child.stdout.strip().splitlines()[-1])
-    print("\n| freed memory after each call | RSS at start (MB) | after step 1 | after the last step | peak |")
+        with open(args.out, "w") as out:  # after each setting: a later one that fails loses nothing finished
+            json.dump({"steps": args.steps, "rss_mb": results}, out, indent=1)
+    print("\n| freed memory after each call | RSS at start (MB) | after step 1 | after the last step | most after a step |")
     print("|---|---|---|---|---|")
     for setting, sizes in results.items():
         what = "handed back (malloc_trim)" if setting == "released" else "kept by the allocator"
         print(f"| {what} | {sizes[0]:.0f} | {sizes[1]:.0f} | {sizes[-1]:.0f} | {max(sizes):.0f} |")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as out:
-        json.dump({"steps": args.steps, "rss_mb": results}, out, indent=1)
     print(f"wrote {args.out}")
 
 

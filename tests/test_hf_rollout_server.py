@@ -224,6 +224,21 @@ def test_cuda_server_without_a_visible_device_fails_loudly(rollout_config):
         claim_device("cuda", rollout_config)
 
 
+def test_a_cpu_server_takes_the_threads_asked_for_but_never_more_than_its_cores(monkeypatch):
+    """A recipe written for 2 cores (``base/cpu_one_run``) on a machine that lets the process use
+    one: two OpenMP threads on one core is the oversubscription that made decoding ~30x slower."""
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(hf_rollout, "usable_cores", lambda: 3)
+        for asked, taken in ((2, 2), (8, 3), (1, 1)):
+            claim_device("cpu", OmegaConf.create({"engine_kwargs": {"hf": {"torch_threads": asked}}}))
+            assert torch.get_num_threads() == taken
+        claim_device("cpu", OmegaConf.create({"engine_kwargs": None}))
+        assert torch.get_num_threads() == 1  # the default: one thread
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_server_answers_calls_from_one_event_loop_after_another(rollout_config, tiny_model_dir, chat_ids):
     """A script or test drives the server with one asyncio.run per call. The request batcher belongs
     to the loop that started it: a later loop must get its own, not wait on a closed loop's (the

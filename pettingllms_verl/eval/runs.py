@@ -20,6 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pettingllms_verl import artifacts
+from pettingllms_verl.backends.cpu import usable_cores
 from pettingllms_verl.config import ADAPTER_GROUP, EXPORT_DIR, POLICIES_DIR, SECTION, VAL_METRICS, load
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package
@@ -235,17 +236,12 @@ def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str, jobs: int =
 
 
 def _rollout_threads(cfg: DictConfig, jobs: int = 1) -> list[str]:
-    """On CPU the ``hf`` rollout server takes one thread, leaving the others to the trainer; an
-    evaluation trains nothing, so the server gets every core, or its share of them when ``jobs``
-    runs play at once (a run's ``--set`` still wins)."""
+    """On CPU the ``hf`` rollout server takes the recipe's threads (one in the tiny recipes), leaving
+    the others to the trainer; an evaluation trains nothing, so the server gets every core, or its
+    share of them when ``jobs`` runs play at once (a run's ``--set`` still wins)."""
     if cfg.actor_rollout_ref.rollout.name != "hf" or cfg.trainer.get("device") != "cpu":
         return []
     return [f"++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={max(1, usable_cores() // jobs)}"]
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity where the OS tells it, else all of them)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def method_of(cfg: DictConfig) -> str:

@@ -27,6 +27,7 @@ from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from pettingllms_verl.backends.cpu import usable_cores
 from pettingllms_verl.backends.hf import attention
 from pettingllms_verl.backends.hf.engine import HFGenerationEngine, SamplingSpec
 from pettingllms_verl.config import rollout_policy
@@ -97,8 +98,9 @@ def claim_device(device: str, rollout_config: Any) -> str:
     if device == "cpu":
         # Trainer, agent-loop and rollout processes share the cores: one thread each (the default)
         # avoids OpenMP oversubscription, which made decoding ~30x slower on 2 cores where runs
-        # overlap; a run alone may give the server every core (recipes/base/cpu_one_run.yaml).
-        torch.set_num_threads(int(_engine_kwargs(rollout_config).get("torch_threads", 1)))
+        # overlap; a run alone may give the server every core (recipes/base/cpu_one_run.yaml), and
+        # never more threads than the cores this process may use.
+        torch.set_num_threads(max(1, min(int(_engine_kwargs(rollout_config).get("torch_threads", 1)), usable_cores())))
         return device
     if not torch.cuda.is_available():
         raise RuntimeError(
