@@ -303,6 +303,69 @@ def test_a_function_program_that_exits_before_the_check_passes_nothing(leave):
     assert env.success
 
 
+ALWAYS_EQUAL = "class Yes:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n    def __sub__(self, other): return 0\n"
+FLOAT_TASK = {
+    "problem": 'def half(x: float) -> float:\n    """Half of x."""\n',
+    "tests": [{"check": "def check(candidate):\n    assert abs(candidate(3.0) - 1.5) < 1e-6\n\ncheck(half)\n"}],
+    "solution": "def half(x):\n    return x / 2\n",
+}
+CLASS_TASK = {
+    "problem": 'class Counter:\n    def count(self, word: str) -> int:\n        """How many times count was called with word."""\n',
+    "tests": [{"check": "assert Counter().count('a') == 1\n"}],  # a method of an object made where it is called (a tester's form)
+    "solution": "class Counter:\n    def __init__(self):\n        self.seen = {}\n    def count(self, word):\n"
+                "        self.seen[word] = self.seen.get(word, 0) + 1\n        return self.seen[word]\n",
+}
+
+
+@pytest.mark.parametrize("returned", [
+    "Yes()",  # __eq__ says yes to anything, __sub__ makes abs(x - y) < eps
+    "[Yes()]",  # inside a list
+    "{1: Yes()}",  # a dict's value
+    "type('I', (int,), {'__eq__': lambda self, other: True})(0)",  # a subclass of int with its own ==
+    "__import__('builtins').__dict__.update(type=lambda x: int, isinstance=lambda *a: True) or Yes()",  # built-in names rebound first
+])
+def test_a_function_that_returns_an_object_answering_every_comparison_passes_nothing(returned):
+    """The reward hack that needs no knowledge of the grader: an object whose ``==`` is always true
+    passed every ``assert f(x) == y``. What a check reads of the problem's functions must be plain data:
+    the ground truth's check, the tester's calls and the reference's run on them, and a method of an
+    object of the problem's class; the right programs still pass (every HumanEval solution: below)."""
+    hack = f"{ALWAYS_EQUAL}def add(a, b):\n    return {returned}\n"
+    env = new_env(FUNCTION_TASK)
+    env.step("tester", io_reply(("add(2, 2)\n", "4\n")))
+    result = env.step("coder", program(hack))
+    assert (result.local_reward, env.success, result.info["passed"]) == (0.0, False, 0)
+    assert env.mismatches and env.mismatches[0]["input"] == "add(2, 2)\n"
+    if "builtins" not in returned:  # (rebound built-ins break the traceback's own printing too)
+        assert "where the test reads plain data" in env.mismatches[0]["got"]
+    # the coder's hack never becomes the tester's reference (it stands in once it passes everything)
+    env = new_env({**FUNCTION_TASK, "solution": None})
+    env.step("coder", program(hack))
+    assert env.step("tester", io_reply(("add(2, 2)\n", "5\n"))).local_reward == 0.0
+    float_env = new_env(FLOAT_TASK)
+    assert float_env.step("coder", program(f"{ALWAYS_EQUAL}def half(x):\n    return {returned}\n")).local_reward == 0.0
+    float_env = new_env(FLOAT_TASK)
+    assert float_env.step("coder", program(FLOAT_TASK["solution"])).local_reward == 1.0
+    class_env = new_env(CLASS_TASK)
+    assert class_env.step("coder", program(f"{ALWAYS_EQUAL}class Counter:\n    def count(self, word):\n        return {returned}\n")).local_reward == 0.0
+    class_env = new_env(CLASS_TASK)
+    assert class_env.step("coder", program(CLASS_TASK["solution"])).local_reward == 1.0
+
+
+def test_a_check_reads_the_problems_functions_through_the_plain_data_guard_and_nothing_else():
+    check = code_env.task_test({"check": "def check(candidate):\n    assert candidate(1) == poly([2])\n\ncheck(add)\n"
+                                         "assert Box(1).get() == 1\nadd.cache_clear()\nassert len([1]) == 1\n"},
+                               "from x import y\ndef add(a):\n    def inner(): pass\ndef poly(xs):\nclass Box:\n    def get(self):\n")
+    assert (check.functions, check.classes) == ({"add", "poly"}, {"Box"})  # top level only: a nested def is no entry point
+    code = code_env.reads_plain(check)
+    assert "candidate(1) == _pettingllms_plain(poly([2]))" in code  # candidate is the checked add passed below
+    assert "check(_pettingllms_returns_plain(add))" in code
+    assert "_pettingllms_plain(Box(1).get()) == 1" in code  # the object's method, not the object
+    assert "add.cache_clear()" in code and "len([1]) == 1" in code  # an attribute of a function, a built-in: as written
+    assert code_env.reads_plain(code_env.Check("assert f(1) == 2")) == "assert f(1) == 2"  # a problem that defines none
+    assert code_env.task_test({"check": "check("}, "def add(a):").code == "check("  # a check Python cannot read: as written
+    assert code_env.reads_plain(code_env.task_test({"check": "check("}, "def add(a):")) == "check("
+
+
 def test_a_function_problems_tester_is_read_only_for_calls_of_its_function_and_literals():
     """A tautology (``1`` must be ``1``), a call of another function, an exit, or an expected value
     that is not a literal tests nothing about the function: such pairs are not read."""

@@ -8,7 +8,9 @@ shown to either role) and, where the dataset has one, a reference solution. A te
 whitespace-insensitive) or ``{"check": str}`` (Python run after the program, e.g. HumanEval's
 ``check(candidate)``: it passes when the whole exits cleanly after the check ran to its end, which a
 line of random text printed after it shows: a program that exits early, ``exit(0)`` or
-``os._exit(0)``, passes nothing; a check must not exit itself). A task with check tests is a
+``os._exit(0)``, passes nothing; a check must not exit itself). A check reads what the problem's
+functions return as plain data only (``PLAIN_DATA``): an object whose ``__eq__`` says yes to anything
+passes nothing. A task with check tests is a
 *function* problem: the coder writes the function, and the tester's tests are calls of it (of a
 function or class the problem defines, where it defines one) with the Python literals they must
 return. Every program runs in the sandbox, one process per test.
@@ -34,6 +36,7 @@ Without a task, ``reset(seed)`` takes problem ``seed % N`` of the small fixture 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +65,97 @@ class Check:
     """A test that is Python run after the program; it passes when the whole exits cleanly."""
 
     code: str
+    functions: frozenset[str] = frozenset()  # the problem's functions: what they return is read as plain data
+    classes: frozenset[str] = frozenset()  # the problem's classes: what their objects' methods return, the same
+
+
+# What a check reads of the program must be plain data. An object of the program's own class can answer
+# every comparison with yes (``__eq__``, ``__sub__``...), the reward hack that needs no knowledge of the
+# grader; so each value a check takes from the problem's functions is checked first to be built-in
+# numbers, strings, bytes, None, or lists, tuples, dicts and sets of them, of exactly those types (a
+# subclass of int can redefine ``==``). Defined after the program, with the built-in types taken from
+# literals, so that a program rebinding ``type`` or ``isinstance`` does not reach it. It runs in the
+# program's process: it stops the plain hacks, not a program that rewrites the interpreter's state.
+PLAIN_DATA = """
+def _pettingllms_plain(value, _type=(0).__class__.__class__, _dict={}.__class__,
+                       _scalars=((0).__class__, (0.0).__class__, (0j).__class__, True.__class__, "".__class__, b"".__class__, None.__class__),
+                       _containers=([].__class__, ().__class__, {0}.__class__, frozenset)):
+    pending, seen = [value], 0
+    while pending:
+        item = pending.pop()
+        kind = _type(item)
+        seen += 1
+        if seen > 1_000_000:
+            raise TypeError("returned a value too large or too nested to check (a list that holds itself?)")
+        plain = False
+        for scalar in _scalars:
+            plain = plain or kind is scalar
+        if plain:
+            continue
+        if kind is _dict:
+            pending.extend(item.keys())
+            pending.extend(item.values())
+            continue
+        for container in _containers:
+            plain = plain or kind is container
+        if not plain:
+            raise TypeError("returned an object of class " + repr(kind.__name__) + ", where the test reads plain data"
+                            " (built-in numbers, strings, bytes, None, and lists, tuples, dicts and sets of them)")
+        pending.extend(item)
+    return value
+
+
+def _pettingllms_returns_plain(function):
+    def checked(*args, **kwargs):
+        return _pettingllms_plain(function(*args, **kwargs))
+    return checked
+"""
+
+
+class _ReadsPlain(ast.NodeTransformer):
+    """A check's code with each call of the problem's functions, and of a method of an object one of its
+    classes makes (``C(...).m(...)``), wrapped in ``_pettingllms_plain``, and each of its functions passed
+    as a value (``check(candidate)``) in ``_pettingllms_returns_plain``."""
+
+    def __init__(self, functions: frozenset[str], classes: frozenset[str]) -> None:
+        self.functions, self.classes = functions, classes
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        func = node.func
+        if not isinstance(func, ast.Name):  # a called name is read by the call's own wrapping below
+            node.func = self.visit(func)
+        node.args = [self.visit(arg) for arg in node.args]
+        node.keywords = [self.visit(keyword) for keyword in node.keywords]
+        method_of_object = (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call)
+                            and isinstance(func.value.func, ast.Name) and func.value.func.id in self.classes)
+        if (isinstance(func, ast.Name) and func.id in self.functions) or method_of_object:
+            return ast.Call(ast.Name("_pettingllms_plain", ast.Load()), [node], [])
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        return node if isinstance(node.value, ast.Name) else self.generic_visit(node)  # f.cache_clear(): f itself
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and node.id in self.functions:
+            return ast.Call(ast.Name("_pettingllms_returns_plain", ast.Load()), [node], [])
+        return node
+
+
+@functools.lru_cache(maxsize=1024)
+def reads_plain(check: Check) -> str:
+    """The check's code as it runs after ``PLAIN_DATA``: what it reads of the problem's functions and
+    classes checked to be plain data. A check Python cannot parse runs as written (it fails whatever
+    the program)."""
+    if not (check.functions or check.classes):
+        return check.code
+    try:
+        tree = ast.parse(check.code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return check.code
+    try:
+        return ast.unparse(ast.fix_missing_locations(_ReadsPlain(check.functions, check.classes).visit(tree)))
+    except RecursionError:  # a check nested too deep to print back
+        return check.code
 
 
 Test = tuple[str, str] | Check  # (stdin, expected stdout), or a check
@@ -71,7 +165,8 @@ def call_check(call: str, expected: str) -> Check:
     """A tester's test of a function problem (an ``is_call_test`` pair): ``call`` must return
     ``expected``; both as Python reads them, so that a comment in either ends nothing but itself."""
     call, expected = (ast.unparse(ast.parse(text.strip(), mode="eval")) for text in (call, expected))
-    return Check(f"\n\nassert ({call}) == ({expected}), 'returned ' + repr({call})\n")
+    return Check(f"\n\n_pettingllms_value = _pettingllms_plain({call})\n"
+                 f"assert _pettingllms_value == ({expected}), 'returned ' + repr(_pettingllms_value)\n")
 
 
 def defined_functions(problem: str) -> frozenset[str]:
@@ -113,7 +208,7 @@ def run_tests(code: str, tests: Sequence[Test], limits: SandboxLimits) -> list[T
     def one(test: Test) -> TestOutcome:
         if isinstance(test, Check):
             ran = "\n" + secrets.token_hex(16)  # a line printed once the check has run: a program that exits early never prints it
-            run = run_python(f"{code}\n{test.code}\nprint({ran!r})\n", stdin="", limits=limits)
+            run = run_python(f"{code}\n{PLAIN_DATA}\n{reads_plain(test)}\nprint({ran!r})\n", stdin="", limits=limits)
             if run.ok and ran[1:] not in run.stdout.splitlines():
                 return TestOutcome(False, run.status, "the program exited before the test ran")
             last = run.stderr.strip().splitlines()[-1:] if not run.ok else []
@@ -124,9 +219,11 @@ def run_tests(code: str, tests: Sequence[Test], limits: SandboxLimits) -> list[T
     return list(_runner.map(one, tests))
 
 
-def task_test(test: dict) -> Test:
+def task_test(test: dict, problem: str) -> Test:
+    """A task's test as it runs; a check reads what the problem's top-level functions and classes give as plain data."""
     if "check" in test:
-        return Check(str(test["check"]))
+        functions, classes = (frozenset(re.findall(rf"^{kind}[ \t]+([A-Za-z_]\w*)", problem, re.M)) for kind in ("def", "class"))
+        return Check(str(test["check"]), functions, classes)
     return str(test["input"]), str(test["output"])
 
 
@@ -154,7 +251,7 @@ class CodeEnv(Env):
         if not isinstance(task.get("problem"), str) or not tests:
             raise ValueError(f"code task needs a 'problem' string and a non-empty 'tests' list, got keys {sorted(task)}")
         self.problem = task["problem"]
-        self.ground_truth: tuple[Test, ...] = tuple(task_test(t) for t in tests)
+        self.ground_truth: tuple[Test, ...] = tuple(task_test(t, self.problem) for t in tests)
         self.function = any(isinstance(t, Check) for t in self.ground_truth)  # a function problem: tests are calls
         self.functions = defined_functions(self.problem)  # what a tester's call must call
         self.solution: str | None = task.get("solution") or None
