@@ -322,7 +322,8 @@ CLASS_TASK = {
     "[Yes()]",  # inside a list
     "{1: Yes()}",  # a dict's value
     "type('I', (int,), {'__eq__': lambda self, other: True})(0)",  # a subclass of int with its own ==
-    "__import__('builtins').__dict__.update(type=lambda x: int, isinstance=lambda *a: True) or Yes()",  # built-in names rebound first
+    "__import__('builtins').__dict__.update(type=lambda x: int, isinstance=lambda *a: True, frozenset=Yes) or Yes()",  # built-in names rebound first
+    "type('F', (frozenset,), {'__eq__': lambda self, other: True})()",  # a subclass of frozenset
 ])
 def test_a_function_that_returns_an_object_answering_every_comparison_passes_nothing(returned):
     """The reward hack that needs no knowledge of the grader: an object whose ``==`` is always true
@@ -335,12 +336,16 @@ def test_a_function_that_returns_an_object_answering_every_comparison_passes_not
     result = env.step("coder", program(hack))
     assert (result.local_reward, env.success, result.info["passed"]) == (0.0, False, 0)
     assert env.mismatches and env.mismatches[0]["input"] == "add(2, 2)\n"
-    if "builtins" not in returned:  # (rebound built-ins break the traceback's own printing too)
+    if returned.startswith(("Yes", "[", "{")):  # an object of the program's own class, also inside a container
         assert "where the test reads plain data" in env.mismatches[0]["got"]
+    elif returned.startswith("type("):  # a subclass of a built-in: read as its plain value, which is wrong here
+        assert "AssertionError: returned 0" in env.mismatches[0]["got"] or "returned frozenset()" in env.mismatches[0]["got"]
     # the coder's hack never becomes the tester's reference (it stands in once it passes everything)
     env = new_env({**FUNCTION_TASK, "solution": None})
     env.step("coder", program(hack))
     assert env.step("tester", io_reply(("add(2, 2)\n", "5\n"))).local_reward == 0.0
+    dangling = new_env(FUNCTION_TASK)  # a decorator left at the program's end would take the guard that follows it
+    assert dangling.step("coder", program(f"{hack}@lambda function: lambda value: value\n")).local_reward == 0.0
     float_env = new_env(FLOAT_TASK)
     assert float_env.step("coder", program(f"{ALWAYS_EQUAL}def half(x):\n    return {returned}\n")).local_reward == 0.0
     float_env = new_env(FLOAT_TASK)
@@ -349,6 +354,33 @@ def test_a_function_that_returns_an_object_answering_every_comparison_passes_not
     assert class_env.step("coder", program(f"{ALWAYS_EQUAL}class Counter:\n    def count(self, word):\n        return {returned}\n")).local_reward == 0.0
     class_env = new_env(CLASS_TASK)
     assert class_env.step("coder", program(CLASS_TASK["solution"])).local_reward == 1.0
+
+
+@pytest.mark.parametrize("returned", [
+    "numpy.float64(a) + b",  # a subclass of float
+    "numpy.int64(a) + numpy.int64(b)",  # a number of a compiled library, not a subclass of int
+    "numpy.float32(a + b)",
+    "enum.IntEnum('Sum', {'VALUE': a + b}).VALUE",  # a subclass of int with its own class
+    "collections.Counter({a + b: 1}).most_common(1)[0][0]",
+])
+def test_a_right_answer_of_a_library_type_is_read_as_its_plain_value_and_passes(returned):
+    env = new_env(FUNCTION_TASK)
+    env.step("tester", io_reply(("add(2, 2)\n", "4\n")))
+    result = env.step("coder", program(f"import collections, enum, numpy\ndef add(a, b):\n    return {returned}\n"))
+    assert (result.local_reward, env.success, env.mismatches) == (1.0, True, ())
+
+
+def test_containers_of_library_types_are_copied_into_plain_ones():
+    task = {"problem": 'def count(s: str) -> dict:\n    """Each character and how often."""\n',
+            "tests": [{"check": "def check(candidate):\n    assert candidate('aab') == {'a': 2, 'b': 1}\n    assert type(candidate('a')) is dict\n\ncheck(count)\n"}],
+            "solution": "def count(s):\n    return {c: s.count(c) for c in s}\n"}
+    env = new_env(task)
+    assert env.step("coder", program("import collections\ndef count(s):\n    return collections.Counter(s)\n")).local_reward == 1.0
+    pairs = {"problem": 'def pairs(n: int) -> list:\n    """(i, i * i) for i below n."""\n',
+             "tests": [{"check": "def check(candidate):\n    assert candidate(2) == [(0, 0), (1, 1)]\n\ncheck(pairs)\n"}], "solution": None}
+    env = new_env(pairs)
+    named = "import collections\nP = collections.namedtuple('P', 'i square')\ndef pairs(n):\n    return [P(i, i * i) for i in range(n)]\n"
+    assert env.step("coder", program(named)).local_reward == 1.0
 
 
 def test_a_check_reads_the_problems_functions_through_the_plain_data_guard_and_nothing_else():

@@ -9,7 +9,7 @@ whitespace-insensitive) or ``{"check": str}`` (Python run after the program, e.g
 ``check(candidate)``: it passes when the whole exits cleanly after the check ran to its end, which a
 line of random text printed after it shows: a program that exits early, ``exit(0)`` or
 ``os._exit(0)``, passes nothing; a check must not exit itself). A check reads what the problem's
-functions return as plain data only (``PLAIN_DATA``): an object whose ``__eq__`` says yes to anything
+functions return as a plain copy (``PLAIN_DATA``): an object whose ``__eq__`` says yes to anything
 passes nothing. A task with check tests is a
 *function* problem: the coder writes the function, and the tester's tests are calls of it (of a
 function or class the problem defines, where it defines one) with the Python literals they must
@@ -71,45 +71,76 @@ class Check:
 
 # What a check reads of the program must be plain data. An object of the program's own class can answer
 # every comparison with yes (``__eq__``, ``__sub__``...), the reward hack that needs no knowledge of the
-# grader; so each value a check takes from the problem's functions is checked first to be built-in
-# numbers, strings, bytes, None, or lists, tuples, dicts and sets of them, of exactly those types (a
-# subclass of int can redefine ``==``). Defined after the program, with the built-in types taken from
-# literals, so that a program rebinding ``type`` or ``isinstance`` does not reach it. It runs in the
-# program's process: it stops the plain hacks, not a program that rewrites the interpreter's state.
+# grader; so each value a check takes from the problem's functions is replaced by a plain copy first:
+# built-in numbers, strings, bytes, None, and lists, tuples, dicts and sets of them, of exactly those
+# types. A subclass of one (a ``Counter``, a ``namedtuple``, an ``IntEnum``, numpy's ``float64``) is copied
+# into its built-in base by that base's own C methods, which run none of its code; a number of a compiled
+# library (numpy's ``int64``) becomes the int or float it converts to; any other object fails the test.
+# The check then compares the copy, which no later call of the program can change. Defined after the
+# program, with the built-in types taken from literals and the type's own descriptors, so that a program
+# rebinding ``type``, ``frozenset`` or ``isinstance`` does not reach it. It runs in the program's process:
+# it stops the plain hacks, not a program that rewrites the interpreter's state.
 PLAIN_DATA = """
-def _pettingllms_plain(value, _type=(0).__class__.__class__, _dict={}.__class__,
-                       _scalars=((0).__class__, (0.0).__class__, (0j).__class__, True.__class__, "".__class__, b"".__class__, None.__class__),
-                       _containers=([].__class__, ().__class__, {0}.__class__, frozenset)):
-    pending, seen = [value], 0
-    while pending:
-        item = pending.pop()
-        kind = _type(item)
-        seen += 1
-        if seen > 1_000_000:
-            raise TypeError("returned a value too large or too nested to check (a list that holds itself?)")
-        plain = False
-        for scalar in _scalars:
-            plain = plain or kind is scalar
-        if plain:
-            continue
-        if kind is _dict:
-            pending.extend(item.keys())
-            pending.extend(item.values())
-            continue
-        for container in _containers:
-            plain = plain or kind is container
-        if not plain:
-            raise TypeError("returned an object of class " + repr(kind.__name__) + ", where the test reads plain data"
-                            " (built-in numbers, strings, bytes, None, and lists, tuples, dicts and sets of them)")
-        pending.extend(item)
-    return value
+class _NotPlainData(BaseException):  # not an Exception: a check's own `except Exception` does not swallow it
+    pass
 
 
-def _pettingllms_returns_plain(function):
+def _pettingllms_plain(value, _type=(0).__class__.__class__, _int=(0).__class__, _float=(0.0).__class__,
+                       _complex=(0j).__class__, _str="".__class__, _bytes=b"".__class__, _list=[].__class__,
+                       _tuple=().__class__, _dict={}.__class__, _set={0}.__class__, _bool=True.__class__, _none=None.__class__,
+                       _whole=(0).__class__.__class__("", (), {"__getitem__": lambda self, key: key})()[:]):
+    kind = _type(value)
+    for plain in (_bool, _none, _int, _float, _complex, _str, _bytes):
+        if kind is plain:
+            return value
+    if kind is _list:
+        return [_pettingllms_plain(item) for item in value]
+    if kind is _tuple:
+        return (*[_pettingllms_plain(item) for item in value],)
+    if kind is _dict:
+        return {_pettingllms_plain(key): _pettingllms_plain(item) for key, item in _dict.items(value)}
+    if kind is _set:
+        return {_pettingllms_plain(item) for item in value}
+    compiled = not _type.__dict__["__flags__"].__get__(kind) & 512  # a static type: built in or compiled, not a class of the program
+    ancestors = _type.__dict__["__mro__"].__get__(kind)
+    for ancestor in ancestors:
+        if not _type.__dict__["__flags__"].__get__(ancestor) & 512 and _type.__dict__["__name__"].__get__(ancestor) == "frozenset":
+            return ancestor(_pettingllms_plain(item) for item in ancestor.copy(value))  # the built-in frozenset (copy: no code of a subclass)
+        for base, copy in ((_int, _int.__pos__), (_float, _float.__pos__), (_complex, _complex.__pos__), (_str, _str.__str__),
+                           (_bytes, lambda b: _bytes.__getitem__(b, _whole)), (_list, _list.copy),
+                           (_tuple, lambda t: _tuple.__getitem__(t, _whole)), (_dict, _dict.copy), (_set, _set.copy)):
+            if ancestor is base:
+                return _pettingllms_plain(copy(value))
+    if compiled:
+        for ancestor in ancestors:
+            if "__index__" in _type.__dict__["__dict__"].__get__(ancestor):
+                return _int(value)
+        for ancestor in ancestors:
+            if "__float__" in _type.__dict__["__dict__"].__get__(ancestor):
+                return _float(value)
+    raise _NotPlainData("returned an object of class " + repr(_type.__dict__["__name__"].__get__(kind)) + ", where the test reads"
+                        " plain data (built-in numbers, strings, bytes, None, and lists, tuples, dicts and sets of them)")
+
+
+def _pettingllms_returns_plain(function, _plain=_pettingllms_plain):
     def checked(*args, **kwargs):
-        return _pettingllms_plain(function(*args, **kwargs))
+        return _plain(function(*args, **kwargs))
+    try:
+        checked.__name__, checked.__qualname__, checked.__doc__ = function.__name__, function.__qualname__, function.__doc__
+    except Exception:
+        pass
     return checked
 """
+
+
+def parses(code: str) -> bool:
+    """Whether ``code`` is a whole Python module on its own: a program that ends inside a construct (a
+    decorator left dangling) would take the check run after it into that construct."""
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 class _ReadsPlain(ast.NodeTransformer):
@@ -205,8 +236,12 @@ def run_tests(code: str, tests: Sequence[Test], limits: SandboxLimits) -> list[T
     or followed by a check's code. A failed check's "stdout" is the last line of its stderr (the
     assertion or error that stopped it)."""
 
+    whole = any(isinstance(test, Check) for test in tests) and parses(code)
+
     def one(test: Test) -> TestOutcome:
         if isinstance(test, Check):
+            if not whole:
+                return TestOutcome(False, "error", "SyntaxError: the program does not parse on its own")
             ran = "\n" + secrets.token_hex(16)  # a line printed once the check has run: a program that exits early never prints it
             run = run_python(f"{code}\n{PLAIN_DATA}\n{reads_plain(test)}\nprint({ran!r})\n", stdin="", limits=limits)
             if run.ok and ran[1:] not in run.stdout.splitlines():
