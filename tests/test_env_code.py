@@ -437,6 +437,30 @@ def test_every_humaneval_solution_passes_its_check_in_the_sandbox_and_a_wrong_on
     assert not misgraded
 
 
+def test_a_program_that_defines_the_problems_own_helpers_anew_passes_no_check():
+    """HumanEval/32 checks ``find_zero`` through the prompt's ``poly``, /38 and /50 decode what the prompt's
+    encoder made: a program that redefines the helper (``poly`` always 0, an encoder that does nothing)
+    passed with a function just as empty. The problem's whole functions are defined again before the check."""
+    from pettingllms_verl.data_prep.code_problems import load_tasks
+
+    tasks = load_tasks("humaneval", "test", "release_v5", 20)
+    hacks = {32: "def poly(xs, x):\n    return 0.0\ndef find_zero(xs):\n    return 0.0\n",
+             38: "def encode_cyclic(s):\n    return s\ndef decode_cyclic(s):\n    return s\n",
+             50: "def encode_shift(s):\n    return s\ndef decode_shift(s):\n    return s\n"}
+    for number, hack in hacks.items():
+        env = make("code")
+        env.reset(seed=0, task=tasks[number])
+        env.test_limits = code_env.SandboxLimits(wall_s=60.0, cpu_s=30, memory_mb=512, max_output_bytes=65_536)
+        assert env.step("coder", program(hack)).local_reward == 0.0, number
+    helpers = code_env.problem_helpers(
+        "import math\nfrom typing import List\n\ndef area(r: float) -> float:\n    return math.pi * r * r\n\n"
+        "def to_write(xs: List[int]) -> int:\n    import math\n    \"\"\"The docstring.\"\"\"\n\n"
+        "def stub():\n    pass\n\ndef dots():\n    ...\n\nclass Shape:\n    def size(self):\n        return 1\n")
+    assert helpers.startswith("import math\nfrom typing import List\n") and "def area" in helpers
+    assert not any(name in helpers for name in ("to_write", "stub", "dots", "Shape"))  # the program's to write
+    assert code_env.problem_helpers("Write a function add(a, b).") == ""
+
+
 def test_a_file_source_takes_check_tests_beside_io_tests(tmp_path):
     rows = [{"problem": "p", "tests": [{"input": "1\n", "output": "1\n"}, {"check": "assert True"}]}]
     (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows))

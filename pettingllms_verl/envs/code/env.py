@@ -67,6 +67,7 @@ class Check:
     code: str
     functions: frozenset[str] = frozenset()  # the problem's functions: what they return is read as plain data
     classes: frozenset[str] = frozenset()  # the problem's classes: what their objects' methods return, the same
+    helpers: str = ""  # the problem's own whole functions (HumanEval's poly, encode_cyclic), defined again before the check
 
 
 # What a check reads of the program must be plain data. An object of the program's own class can answer
@@ -243,7 +244,7 @@ def run_tests(code: str, tests: Sequence[Test], limits: SandboxLimits) -> list[T
             if not whole:
                 return TestOutcome(False, "error", "SyntaxError: the program does not parse on its own")
             ran = "\n" + secrets.token_hex(16)  # a line printed once the check has run: a program that exits early never prints it
-            run = run_python(f"{code}\n{PLAIN_DATA}\n{reads_plain(test)}\nprint({ran!r})\n", stdin="", limits=limits)
+            run = run_python(f"{code}\n{PLAIN_DATA}\n{test.helpers}\n{reads_plain(test)}\nprint({ran!r})\n", stdin="", limits=limits)
             if run.ok and ran[1:] not in run.stdout.splitlines():
                 return TestOutcome(False, run.status, "the program exited before the test ran")
             last = run.stderr.strip().splitlines()[-1:] if not run.ok else []
@@ -254,11 +255,34 @@ def run_tests(code: str, tests: Sequence[Test], limits: SandboxLimits) -> list[T
     return list(_runner.map(one, tests))
 
 
+def problem_helpers(problem: str) -> str:
+    """The whole functions a function problem's text gives (a body beyond a docstring, imports, ``pass`` or ``...``),
+    with its imports: a check may call them (HumanEval's ``poly``), so they are defined again after the
+    program, which cannot pass a check by defining them anew. The functions to write (a signature and a
+    docstring) and the classes are the program's. Empty for a text Python cannot read."""
+    try:
+        tree = ast.parse(problem)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return ""
+
+    def stub(statement: ast.stmt) -> bool:  # HumanEval/115's function to write imports math before its docstring
+        return isinstance(statement, (ast.Pass, ast.Import, ast.ImportFrom)) or (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+                                                   and (statement.value.value is Ellipsis or isinstance(statement.value.value, str)))
+
+    whole = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not all(map(stub, node.body))]
+    if not whole:
+        return ""
+    try:
+        return ast.unparse(ast.Module([node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))] + whole, []))
+    except RecursionError:
+        return ""
+
+
 def task_test(test: dict, problem: str) -> Test:
     """A task's test as it runs; a check reads what the problem's top-level functions and classes give as plain data."""
     if "check" in test:
         functions, classes = (frozenset(re.findall(rf"^{kind}[ \t]+([A-Za-z_]\w*)", problem, re.M)) for kind in ("def", "class"))
-        return Check(str(test["check"]), functions, classes)
+        return Check(str(test["check"]), functions, classes, problem_helpers(problem))
     return str(test["input"]), str(test["output"])
 
 
