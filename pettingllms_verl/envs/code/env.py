@@ -104,12 +104,13 @@ def _pettingllms_plain(value, _type=(0).__class__.__class__, _int=(0).__class__,
         return {_pettingllms_plain(item) for item in value}
     compiled = not _type.__dict__["__flags__"].__get__(kind) & 512  # a static type: built in or compiled, not a class of the program
     ancestors = _type.__dict__["__mro__"].__get__(kind)
+    copies = ((_int, _int.__pos__), (_float, _float.__pos__), (_complex, _complex.__pos__), (_str, _str.__str__),
+              (_bytes, lambda b: _bytes.__getitem__(b, _whole)), (_list, _list.copy),
+              (_tuple, lambda t: _tuple.__getitem__(t, _whole)), (_dict, _dict.copy), (_set, _set.copy))
     for ancestor in ancestors:
         if not _type.__dict__["__flags__"].__get__(ancestor) & 512 and _type.__dict__["__name__"].__get__(ancestor) == "frozenset":
             return ancestor(_pettingllms_plain(item) for item in ancestor.copy(value))  # the built-in frozenset (copy: no code of a subclass)
-        for base, copy in ((_int, _int.__pos__), (_float, _float.__pos__), (_complex, _complex.__pos__), (_str, _str.__str__),
-                           (_bytes, lambda b: _bytes.__getitem__(b, _whole)), (_list, _list.copy),
-                           (_tuple, lambda t: _tuple.__getitem__(t, _whole)), (_dict, _dict.copy), (_set, _set.copy)):
+        for base, copy in copies:
             if ancestor is base:
                 return _pettingllms_plain(copy(value))
     if compiled:
@@ -134,14 +135,14 @@ def _pettingllms_returns_plain(function, _plain=_pettingllms_plain):
 """
 
 
-def parses(code: str) -> bool:
-    """Whether ``code`` is a whole Python module on its own: a program that ends inside a construct (a
-    decorator left dangling) would take the check run after it into that construct."""
+def parsed(code: str) -> ast.Module | None:
+    """``code`` as a whole Python module, or None where Python cannot read it (untrusted text: a null
+    byte, nesting too deep for the parser). A program that does not parse on its own (a decorator left
+    dangling) would take the check run after it into its last construct."""
     try:
-        ast.parse(code)
+        return ast.parse(code)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return False
-    return True
+        return None
 
 
 class _ReadsPlain(ast.NodeTransformer):
@@ -178,11 +179,8 @@ def reads_plain(check: Check) -> str:
     """The check's code as it runs after ``PLAIN_DATA``: what it reads of the problem's functions and
     classes checked to be plain data. A check Python cannot parse runs as written (it fails whatever
     the program)."""
-    if not (check.functions or check.classes):
-        return check.code
-    try:
-        tree = ast.parse(check.code)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+    tree = parsed(check.code) if check.functions or check.classes else None
+    if tree is None:
         return check.code
     try:
         return ast.unparse(ast.fix_missing_locations(_ReadsPlain(check.functions, check.classes).visit(tree)))
@@ -237,11 +235,11 @@ def run_tests(code: str, tests: Sequence[Test], limits: SandboxLimits) -> list[T
     or followed by a check's code. A failed check's "stdout" is the last line of its stderr (the
     assertion or error that stopped it)."""
 
-    whole = any(isinstance(test, Check) for test in tests) and parses(code)
+    parses_alone = any(isinstance(test, Check) for test in tests) and parsed(code) is not None
 
     def one(test: Test) -> TestOutcome:
         if isinstance(test, Check):
-            if not whole:
+            if not parses_alone:
                 return TestOutcome(False, "error", "SyntaxError: the program does not parse on its own")
             ran = "\n" + secrets.token_hex(16)  # a line printed once the check has run: a program that exits early never prints it
             run = run_python(f"{code}\n{PLAIN_DATA}\n{test.helpers}\n{reads_plain(test)}\nprint({ran!r})\n", stdin="", limits=limits)
@@ -260,9 +258,8 @@ def problem_helpers(problem: str) -> str:
     with its imports: a check may call them (HumanEval's ``poly``), so they are defined again after the
     program, which cannot pass a check by defining them anew. The functions to write (a signature and a
     docstring) and the classes are the program's. Empty for a text Python cannot read."""
-    try:
-        tree = ast.parse(problem)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+    tree = parsed(problem)
+    if tree is None:
         return ""
 
     def stub(statement: ast.stmt) -> bool:  # HumanEval/115's function to write imports math before its docstring
