@@ -60,13 +60,13 @@ $(ARTIFACTS)/data/quickstart/train.parquet: | $(INSTALLED)
 
 # Every other data set: the data_prep command written in recipes/base/data/<name>.yaml, run as
 # written there (tests/test_recipes.py runs the same commands), e.g. make data-sokoban_6x6. One run
-# writes every split: a confirmation split asked for later (make reproduce) writes them all again,
+# writes every split: a confirmation split asked for later (make reproduce: confirm, final) writes them all again,
 # the others as they were (each split has its own seeds).
-$(ARTIFACTS)/data/%/train.parquet $(ARTIFACTS)/data/%/confirm.parquet: | recipes/base/data/%.yaml $(INSTALLED)
+$(ARTIFACTS)/data/%/train.parquet $(ARTIFACTS)/data/%/confirm.parquet $(ARTIFACTS)/data/%/final.parquet: | recipes/base/data/%.yaml $(INSTALLED)
 	@cmd="$(PY) $$(sed -n 's|^#   python \(data_prep/.*\)$$|\1|p' recipes/base/data/$*.yaml)"; echo "+ $$cmd"; eval "$$cmd"
 
 data-%: $(ARTIFACTS)/data/%/train.parquet ;
-.PRECIOUS: $(ARTIFACTS)/data/%/train.parquet $(ARTIFACTS)/data/%/confirm.parquet  # built through the data-% pattern: without this make deletes it as an intermediate
+.PRECIOUS: $(ARTIFACTS)/data/%/train.parquet $(ARTIFACTS)/data/%/confirm.parquet $(ARTIFACTS)/data/%/final.parquet  # built through the data-% pattern: without this make deletes it as an intermediate
 
 model: $(ARTIFACTS)/tiny_model/config.json  ## build the tiny model the CPU recipes start from
 data: $(ARTIFACTS)/data/quickstart/train.parquet  ## make the quickstart's data
@@ -149,20 +149,23 @@ $(ARTIFACTS)/tiny_model_plan_path_team/config.json: $(ARTIFACTS)/tiny_model_plan
 	$(PY) -m pettingllms_verl.models.sft --base $(<D) --out $(@D) --workflows mas --episodes 2000 --steps 600 --lr 1e-3 --seed 1 \
 	    --p-correct '$(REPRO_DEMOS)' --env-kwargs '$(REPRO_ENV)'
 
+# the reproduction's data: train, val, the development test split and both confirmation splits
+REPRO_DATA := $(addprefix $(ARTIFACTS)/data/plan_path_4x4_short/,train.parquet confirm.parquet final.parquet)
+
 model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_team/config.json  ## the reproduction's warm start (both SFT stages)
 
-reproduce: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
+reproduce: model-plan-path-demos $(REPRO_DATA)  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
 
 # MAS + PPO on the same task and warm start: the shared policy trained with a critic (gae) instead of
 # AT-GRPO, 3 seeds, before and after (reported on its own; docs/reproduction.md).
-reproduce-ppo: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## MAS + PPO (a critic) on the reproduction's task, 3 seeds, before and after
+reproduce-ppo: model-plan-path-demos $(REPRO_DATA)  ## MAS + PPO (a critic) on the reproduction's task, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --methods ppo --out $(ARTIFACTS)/reproduce_ppo
 
 # The same team written as a LangGraph program, trained through the gateway with tree sampling by
 # replay, beside the native environment's team (mas): 3 seeds each, before and after, and the
 # program's runs against the environment's (docs/agent-programs.md).
-reproduce-program: model-plan-path-demos data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## the reproduction's shared-policy team as a LangGraph program, against the same team as an environment, 3 seeds
+reproduce-program: model-plan-path-demos $(REPRO_DATA)  ## the reproduction's shared-policy team as a LangGraph program, against the same team as an environment, 3 seeds
 	$(PY) -m pettingllms_verl.eval.reproduce --methods mas,program --out $(ARTIFACTS)/reproduce_program
 
 # The real model on the same task (make reproduce-real): SmolLM2-135M-Instruct with a LoRA adapter per
@@ -191,7 +194,7 @@ real-warm-start: $(ARTIFACTS)/smollm2_135m_tool_adapter/adapter_config.json $(AR
 
 # --jobs 1: the trained and swapped evaluations one after the other, each with both cores, so that one
 # rollout server (up to ~7 GB) is in memory at a time
-reproduce-real: real-warm-start data-plan_path_4x4_short $(ARTIFACTS)/data/plan_path_4x4_short/confirm.parquet  ## the real model (SmolLM2-135M, an adapter per role) on the reproduction's task, before and after AT-GRPO
+reproduce-real: real-warm-start $(REPRO_DATA)  ## the real model (SmolLM2-135M, an adapter per role) on the reproduction's task, before and after AT-GRPO
 	$(PY) -m pettingllms_verl.eval.reproduce --methods real --seeds $(REAL_SEEDS) --episodes $(REAL_TEST) --jobs 1 --out $(ARTIFACTS)/reproduce_real \
 	    $(if $(REAL_ARCHIVE),--archive $(REAL_ARCHIVE))
 

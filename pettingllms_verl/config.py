@@ -169,6 +169,7 @@ class TrainerConfig:
     mini_batches_per_step: Optional[int] = key("optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)")
     replay_poll_interval_s: Optional[float] = key("how often verl's replay buffer polls for finished episodes (verl: 2 s)")
     fault_budget: float = key("largest share of a training step's (or a validation pass's) episodes that may end by a fault (engine_error, env_error) before the run stops; a dead engine stops it always", 0.5)
+    null_reward: Optional[str] = key("permute: the null-training control, each reply's reward shuffled among the replies of its AT-GRPO group before its advantage (the same replies, steps and advantage scale, no information on which reply earned it); null: off")
 
 
 @dataclass
@@ -203,6 +204,7 @@ MOVED_KEYS = {
 
 
 GROUP_PARTS = ("turn", "role", "node")  # AT-GRPO's group key beside the problem, in key order
+NULL_REWARD_PERMUTE = "permute"  # trainer.null_reward: the null-training control
 
 
 @dataclass
@@ -299,6 +301,8 @@ class PettingLLMsConfig:
                 raise SettingsError(f"{SECTION}.program.{name}: {getattr(self.program, name)}; must be positive")
         if self.program.limit_reward is not None and not math.isfinite(self.program.limit_reward):
             raise SettingsError(f"{SECTION}.program.limit_reward: {self.program.limit_reward}; a finite reward (e.g. -1.0), or null")
+        if self.trainer.null_reward not in (None, NULL_REWARD_PERMUTE):
+            raise SettingsError(f"{SECTION}.trainer.null_reward: {self.trainer.null_reward!r}; {NULL_REWARD_PERMUTE!r} (the control) or null")
         if not 0.0 <= self.trainer.fault_budget <= 1.0:
             raise SettingsError(f"{SECTION}.trainer.fault_budget: {self.trainer.fault_budget}; a share of episodes, in [0, 1]")
         table = self.policy_table()

@@ -539,6 +539,23 @@ def _check_team_estimator(config: DictConfig) -> None:
         )
 
 
+def _check_null_reward(config: DictConfig) -> None:
+    """The null-training control shuffles rewards within AT-GRPO groups: refused where it has no
+    such group to shuffle in (another estimator, or one reply per group)."""
+    if _select(config, "pettingllms.trainer.null_reward") is None:
+        return
+    key = "pettingllms.trainer.null_reward"
+    estimator = _select(config, "algorithm.adv_estimator")
+    if estimator != "at_grpo":
+        raise ConfigError(key, f"the control with algorithm.adv_estimator={estimator!r}: it shuffles rewards within AT-GRPO's groups",
+                          "set algorithm.adv_estimator=at_grpo, or pettingllms.trainer.null_reward=null")
+    tree = _select(config, "pettingllms.rollout_mode") in (None, "tree")
+    replies, what = (_select(config, "pettingllms.k") or 4, "pettingllms.k") if tree else (_select(config, "actor_rollout_ref.rollout.n") or 1, "actor_rollout_ref.rollout.n")
+    if int(replies) < 2:
+        raise ConfigError(key, f"the control with {what}={replies}: every group holds one reply, so shuffling its rewards "
+                          "changes nothing and the run would train on the reward as it is", f"set {what} to 2 or more")
+
+
 def _temperature_apart(config: DictConfig) -> tuple[str, float, float] | None:
     """(key, temperature, the rollout's) of the first role or policy that trains at another temperature
     than ``rollout.temperature`` (greedy counts as 1, as the rollouts score it), or None."""
@@ -843,6 +860,7 @@ def check(config: DictConfig) -> None:
     for key, names in _registered_names().items():
         _check_registered(config, key, names)
     _check_agreement(config)
+    _check_null_reward(config)
     if _select(config, "actor_rollout_ref.rollout.name") == "hf":
         for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
             size = _select(config, f"actor_rollout_ref.rollout.{key}")

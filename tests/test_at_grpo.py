@@ -184,3 +184,22 @@ def test_verl_compute_advantage_dispatches_to_at_grpo(norm):
     expected = torch.tensor(reference_advantage(rewards.sum(-1).tolist(), list(keys), norm)).unsqueeze(-1) * mask
     torch.testing.assert_close(out.batch["advantages"], expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.batch["returns"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_control_shuffles_rewards_within_groups_only_keeping_each_groups_rewards_and_no_link_to_its_replies():
+    from pettingllms_verl.algo import permute_within_groups
+
+    index = ["p0|t0|tool|n0"] * 4 + ["p0|t0|plan|n0"] * 4 + ["p1|t0|tool|n0"]
+    scores = [1.0, 0.0, 0.0, 0.5, 2.0, 2.0, 3.0, 4.0, 7.0]
+    shuffled = permute_within_groups(scores, index, np.random.default_rng(0))
+    for group in set(index):  # each group keeps its rewards (so its mean, std and advantages' scale), moved among its rows
+        rows = [i for i, key in enumerate(index) if key == group]
+        assert sorted(shuffled[rows]) == sorted(scores[i] for i in rows)
+    assert shuffled[8] == 7.0  # a group of one keeps its reward
+    again = permute_within_groups(scores, index, np.random.default_rng(0))
+    assert np.array_equal(shuffled, again)  # seeded: a resumed run shuffles its steps as it would have
+    # over many draws a reply's reward is any of its group's, equally often: no information on which reply earned it
+    firsts = [permute_within_groups(scores, index, np.random.default_rng(seed))[0] for seed in range(2000)]
+    assert {value: firsts.count(value) / len(firsts) for value in set(firsts)} == pytest.approx({1.0: 0.25, 0.0: 0.5, 0.5: 0.25}, abs=0.04)
+    with pytest.raises(ValueError, match="3 keys for 2 rows"):
+        permute_within_groups([1.0, 2.0], ["a", "a", "b"], np.random.default_rng(0))

@@ -71,7 +71,8 @@ def test_unknown_registry_name_lists_the_registered_ones(tmp_path, key, typo):
      ("pettingllms.roles.plan.policy", "nope", "unknown policy 'nope'"),
      ("pettingllms.policies.a.pool", "mine", "'mine' is not 'shared' or 'own'"),
      ("pettingllms.trainer.fault_budget", "1.5", "1.5; a share of episodes, in [0, 1]"),
-     ("pettingllms.trainer.fault_budget", "-0.1", "-0.1; a share of episodes, in [0, 1]")],
+     ("pettingllms.trainer.fault_budget", "-0.1", "-0.1; a share of episodes, in [0, 1]"),
+     ("pettingllms.trainer.null_reward", "shuffle", "'shuffle'; 'permute' (the control) or null")],
 )
 def test_bad_pettingllms_section_names_the_key(tmp_path, key, value, problem):
     with pytest.raises(ConfigError) as error:
@@ -323,6 +324,15 @@ def test_an_adapter_path_may_point_into_the_whole_config(tmp_path, plan_path_row
     config = two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **{"pettingllms.paths.artifacts": str(tmp_path),
                                                                         "pettingllms.policies.tool_adapter.adapter.path": "${pettingllms.paths.artifacts}/adapter"})
     check(config)  # as recipes write it: the section is read where it lives, not cut off from the config
+
+
+def test_the_null_training_control_is_refused_where_no_group_holds_two_replies_to_shuffle(tmp_path):
+    check(mas_config(tmp_path, **{"pettingllms.trainer.null_reward": "permute"}))  # a tree of K=4: groups of 4
+    for overrides, what in (({"pettingllms.k": 1}, "pettingllms.k=1"),
+                            ({"pettingllms.rollout_mode": "independent", "algorithm.adv_estimator": "grpo"}, "algorithm.adv_estimator='grpo'")):
+        with pytest.raises(ConfigError) as error:
+            check(mas_config(tmp_path, **{"pettingllms.trainer.null_reward": "permute", **overrides}))
+        assert error.value.key == "pettingllms.trainer.null_reward" and what in str(error.value), str(error.value)
 
 
 def mas_config(tmp_path, **overrides):

@@ -349,7 +349,8 @@ def test_aggregate_reports_before_and_after_over_seeds_with_intervals_and_gains_
     assert swap["seeds"]["diff"] == pytest.approx(-0.4) and swap["seeds"]["df"] == 1  # the same runs swapped: paired by seed
     assert "- MAS + AT-GRPO, a model per role, policies swapped - MAS + AT-GRPO, a model per role: over seeds (paired t by run) -0.400 [" in text
     assert "| MAS + AT-GRPO, a model per role | 0.300 [-0.335, 0.935] | 0.700 [-0.571, 1.971] | +0.400 [" in text
-    assert "| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 [-0.971, 1.571] | - | - | 0.200 | 0.400 | - |" in text
+    assert ("| MAS + AT-GRPO, a model per role, policies swapped | - | 0.300 [-0.971, 1.571] | n/a (needs 2+ runs a side) "
+            "| n/a (needs 2+ runs a side) | 0.200 | 0.400 | - |") in text  # its warm start not played swapped: no before, no gain
     assert "## Development test split (`test`)" in text and "One training seed" not in text
     assert "outcomes" not in json.dumps(reproduce.public(rows))  # per-problem outcomes stay out of reproduce.json
     png = reproduce.plot_table(rows, tmp_path)
@@ -395,7 +396,7 @@ def test_a_failed_seed_is_reported_as_failed_and_left_out_and_methods_are_compar
     assert "| MAS + AT-GRPO, shared policy | 0.505 [0.441, 0.569] | 0.800 (one run) | n/a (needs 2+ runs a side) |" in text
     assert "| 0.800 | left out |" in text
     assert "**MAS + AT-GRPO, shared policy, seed 1: left out of the figures**: training mas_s1 failed" in text
-    assert text.index("## Development test split") < text.index("## Confirmation split")
+    assert text.index("## Development test split") < text.index("## Development confirmation split")
     assert "- MAS + AT-GRPO, shared policy - MAS + GRPO grouped by problem, shared policy: over seeds n/a (needs 2+ runs a side); paired +0.250 [" in text
 
 
@@ -520,13 +521,16 @@ def test_a_confirmation_split_sharing_problems_with_another_split_is_refused_nam
 
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path))
     data = tmp_path / "data" / "plan_path_4x4_short"
-    splits = generate_splits("plan_path", {"train": 6, "val": 2, "test": 3, "confirm": 3}, {"size": 4, "wall_density": 0.3}, log=lambda _: None)
+    splits = generate_splits("plan_path", {"train": 6, "val": 2, "test": 3, "confirm": 3, "final": 3}, {"size": 4, "wall_density": 0.3},
+                             log=lambda _: None)
     assert {row["extra_info"]["seed"] for row in splits["confirm"]} >= {1_500_000_000}  # a seed range of its own
+    assert {row["extra_info"]["seed"] for row in splits["final"]} >= {1_750_000_000}  # and the final confirmation split another
     for split, rows in splits.items():
         write_parquet(rows, str(data / f"{split}.parquet"))
-    args = reproduce.parse_args(["--methods", "mas", "--out", str(tmp_path / "out")])
+    args = reproduce.parse_args(["--methods", "mas", "--out", str(tmp_path / "out"), "--splits", "test,confirm"])
     hashes = reproduce.check_splits(args)
     assert set(hashes) == {"test", "confirm"} and hashes["test"] != hashes["confirm"]
+    assert set(reproduce.check_splits(reproduce.parse_args(["--methods", "mas", "--out", str(tmp_path / "out")]))) == {"test", "final"}
     write_parquet(splits["confirm"][:1] + splits["train"][:2], str(data / "confirm.parquet"))  # two training problems leaked in
     with pytest.raises(reproduce.ReproduceError, match=r"confirmation split .*confirm.parquet shares problems with train \(2\)"):
         reproduce.check_splits(args)
@@ -534,6 +538,11 @@ def test_a_confirmation_split_sharing_problems_with_another_split_is_refused_nam
     confirm_only = reproduce.parse_args(["--methods", "mas", "--splits", "confirm", "--out", str(tmp_path / "out")])
     with pytest.raises(reproduce.ReproduceError, match=r"shares problems with test \(1\)"):  # checked against test, evaluated or not
         reproduce.check_splits(confirm_only)
+    write_parquet(splits["confirm"], str(data / "confirm.parquet"))
+    write_parquet(splits["final"][:2] + splits["confirm"][:1], str(data / "final.parquet"))  # the final split against the other, not evaluated
+    final_only = reproduce.parse_args(["--methods", "mas", "--splits", "final", "--out", str(tmp_path / "out")])
+    with pytest.raises(reproduce.ReproduceError, match=r"final.parquet shares problems with confirm \(1\).*--final: a seed range"):
+        reproduce.check_splits(final_only)
     (data / "confirm.parquet").unlink()
     with pytest.raises(reproduce.runs.EvalError, match="confirm.parquet does not exist.*--confirm N"):
         reproduce.check_splits(args)
@@ -642,16 +651,16 @@ def test_a_program_changed_outside_the_package_trains_again_and_one_not_found_is
         reproduce.training_settings("program", reproduce.parse_args(["--methods", "program"]))
 
 
-def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_in_for(tmp_path, monkeypatch, capsys):
-    """``reproduce.main`` end to end, main_ppo and pettingllms-eval replaced by stand-ins: per split
-    and seed a "before" and an "after" evaluation, each seed's sampling its own, the table with
-    intervals over runs and paired figures, and a rerun that keeps the "before" evaluations."""
+def stand_ins(tmp_path: Path, monkeypatch, grad_norm=lambda label, step: 0.1) -> list:
+    """Data on disk and stand-ins for main_ppo (a run whose odd steps validate best, its curve's
+    ``actor/grad_norm`` from ``grad_norm``) and for pettingllms-eval (trained runs, not swapped, win
+    every problem; the rest win by parity); returns the list the evaluations are noted in."""
     from pettingllms_verl.data.rows import write_parquet
     from pettingllms_verl.envs.splits import generate_splits
 
     monkeypatch.setenv("PETTINGLLMS_ARTIFACTS", str(tmp_path / "artifacts"))
     data = tmp_path / "artifacts" / "data" / "plan_path_4x4_short"
-    splits = generate_splits("plan_path", {"train": 4, "val": 2, "test": 4, "confirm": 4}, {"size": 4, "wall_density": 0.3}, log=lambda _: None)
+    splits = generate_splits("plan_path", {"train": 4, "val": 2, "test": 4, "confirm": 4, "final": 4}, {"size": 4, "wall_density": 0.3}, log=lambda _: None)
     for split, rows in splits.items():
         write_parquet(rows, str(data / f"{split}.parquet"))
 
@@ -662,7 +671,7 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
             (checkpoints / f"global_step_{step}").mkdir(parents=True, exist_ok=True)
             (checkpoints / f"global_step_{step}" / "val_metrics.json").write_text(json.dumps({"metrics": {"val-core/plan_path/reward/mean@1": step % 2}}))
         (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(steps))
-        Path(env["VERL_FILE_LOGGER_PATH"]).write_text("".join(json.dumps({"step": s, "data": {"mas/success": 0.5}}) + "\n" for s in range(1, steps + 1)))
+        Path(env["VERL_FILE_LOGGER_PATH"]).write_text("".join(json.dumps({"step": s, "data": {"mas/success": 0.5, "actor/grad_norm": grad_norm(checkpoints.name, s)}}) + "\n" for s in range(1, steps + 1)))
         return subprocess.CompletedProcess(command, 0)
 
     evaluations = []
@@ -676,10 +685,12 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
         rows, records = [], []
         for spec in (a for a in argv if "=" in a and not a.startswith("--")):
             label = spec.split("=", 1)[0]
-            for swapped in ([False, True] if "full" in spec and "--swap" not in argv else [False]):
-                trained = "@" in spec
-                wins = [trained and not swapped or (i + seed) % 2 == 0 for i in range(len(problems))]
-                rows.append(_row(label, sum(wins) / len(wins), swapped=swapped, episodes=len(wins)))
+            checkpoint = spec.partition("@")[2]
+            step = int(Path(reproduce.runs.resolve_checkpoint(checkpoint, "best-val")).name.rsplit("_", 1)[1]) if checkpoint else None
+            for swapped in ([False, True] if "full_repro" in spec and "--swap" not in argv else [False]):
+                learned = checkpoint and not swapped and not label.startswith("control")  # a control learns nothing; a last step half
+                wins = [learned and (i % 2 == 0 or not label.endswith(reproduce.LAST)) or (i + seed) % 2 == 0 for i in range(len(problems))]
+                rows.append({**_row(label, sum(wins) / len(wins), swapped=swapped, episodes=len(wins)), "step": step})
                 records += [{"run": label, "seed": p, "success": w, "swapped": swapped} for p, w in zip(problems, wins)]
         (out / "results.json").write_text(json.dumps({"split": split, "rows": rows}))
         (out / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -687,7 +698,15 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
 
     monkeypatch.setattr(reproduce.subprocess, "run", main_ppo)
     monkeypatch.setattr(reproduce.evaluate, "main", fake_eval)
-    argv = ["--methods", "mas,per_role", "--seeds", "0,1", "--steps", "2", "--out", str(tmp_path / "out"), "--jobs", "1"]
+    return evaluations
+
+
+def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_in_for(tmp_path, monkeypatch, capsys):
+    """``reproduce.main`` end to end, main_ppo and pettingllms-eval replaced by stand-ins: per split
+    and seed a "before" and an "after" evaluation, each seed's sampling its own, the table with
+    intervals over runs and paired figures, and a rerun that keeps the "before" evaluations."""
+    evaluations = stand_ins(tmp_path, monkeypatch)
+    argv = ["--methods", "mas,per_role", "--seeds", "0,1", "--steps", "2", "--out", str(tmp_path / "out"), "--jobs", "1", "--splits", "test,confirm"]
     assert reproduce.main(argv) == 0
     before = sorted(e for e in evaluations if e[0].parts[0] == "before")
     assert before == [(Path("before/confirm/s0"), "confirm", 0), (Path("before/confirm/s1"), "confirm", 1),
@@ -701,7 +720,7 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     assert mas["splits"]["test"]["gain_paired"]["diff"] == pytest.approx(0.5)
     assert {(c["split"], c["a"]) for c in result["comparisons"]} >= {("test", "MAS + AT-GRPO, a model per role, policies swapped")}
     text = (tmp_path / "out" / "reproduce.md").read_text()
-    assert "## Development test split (`test`, sha256 " in text and "## Confirmation split (`confirm`, sha256 " in text
+    assert "## Development test split (`test`, sha256 " in text and "## Development confirmation split (`confirm`, sha256 " in text
     evaluations.clear()
     capsys.readouterr()
     assert reproduce.main(argv) == 0  # again: the runs are finished and every evaluation made alike: all kept
@@ -711,7 +730,8 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     assert said.count("same source, configs, problems and warm start, trained weights: kept") == 4
     assert reproduce.main([*argv[:argv.index("--steps")], "--steps", "3", *argv[argv.index("--steps") + 2:]]) == 0
     assert sorted(evaluations) == [(Path(f"after/{split}/s{seed}"), split, seed) for split in ("confirm", "test") for seed in (0, 1)]
-    assert capsys.readouterr().out.count("evaluated again: other trained weights") == 4  # trained on: only the afters again
+    said = capsys.readouterr().out  # trained on: only the afters again (step 3 is now both best and last: one label each)
+    assert said.count("evaluated again: ") == 4 and said.count("other trained weights (a run trained again") == 4
     evaluations.clear()
     shutil.rmtree(tmp_path / "out" / "checkpoints" / "mas_s1" / "global_step_3")  # seed 1's best step on val is gone
     assert reproduce.main([*argv[:argv.index("--steps")], "--steps", "3", *argv[argv.index("--steps") + 2:]]) == 0
@@ -771,6 +791,71 @@ def test_the_whole_driver_from_data_to_table_with_training_and_evaluation_stood_
     assert f"{tmp_path / 'out' / 'before' / 'test' / 's2'}: no finished evaluation there" in capsys.readouterr().err
 
 
+def test_the_primary_claim_is_declared_before_any_after_and_tested_against_the_control_the_rest_holm_adjusted(tmp_path, monkeypatch, capsys):
+    """``make reproduce``'s new arms through ``reproduce.main`` with stand-ins: the primary claim
+    written before anything is played and refused once an "after" exists, the control's "before" the
+    per-role team's, each run played at its best step on val and at its last, the swap's difference in
+    differences, Holm's adjustment over the secondary tests, the warm start's sha256, collapsed runs."""
+    evaluations = stand_ins(tmp_path, monkeypatch, grad_norm=lambda label, step: 0.0 if label == "control_s2" else 0.1)
+    warm = tmp_path / "artifacts" / "tiny_model_plan_path_team"
+    warm.mkdir(parents=True)
+    (warm / "model.safetensors").write_bytes(b"the warm start's weights")
+    out = tmp_path / "out"
+    argv = ["--methods", "per_role,control", "--seeds", "0,1,2", "--steps", "6", "--out", str(out), "--jobs", "1"]
+    declared_seen = []
+    real_evaluate_runs = reproduce.evaluate_runs
+
+    def evaluate_runs(specs, args, folder, *rest, **kwargs):  # the claim is on disk before the first "after" is played
+        if folder.relative_to(out).parts[0] == "after":
+            declared_seen.append((out / "primary.json").is_file())
+        return real_evaluate_runs(specs, args, folder, *rest, **kwargs)
+
+    monkeypatch.setattr(reproduce, "evaluate_runs", evaluate_runs)
+    assert reproduce.main(argv) == 0
+    assert declared_seen and all(declared_seen)
+    declared = json.loads((out / "primary.json").read_text())
+    assert declared["claim"] == reproduce.PRIMARY and declared["claim"]["split"] == "final"
+    # the control untrained is the per-role team: one "before" per split and seed; its policies start alike, so no swapped one
+    assert sorted({e[0].parts[0] for e in evaluations}) == ["after", "before"]
+    assert len([e for e in evaluations if e[0].parts[0] == "before"]) == 6
+    result = json.loads((out / "reproduce.json").read_text())
+    assert result["primary"]["claim"] == declared["claim"] and result["alike"] == ["control", "per_role"]
+    primary = result["primary_result"]
+    assert primary["primary"] and primary["split"] == "final" and primary["seeds"]["diff"] == pytest.approx(0.5)
+    assert "p_holm" not in primary["seeds"]  # the primary claim is not in the secondary family
+    rows = {(r["method"], r["swapped"]): r for r in result["rows"]}
+    per_role = rows["per_role", False]["splits"]["test"]
+    assert per_role["after_step_per_seed"] == {"0": 5, "1": 5, "2": 5}  # best on val: the later of the odd steps
+    assert per_role["after_per_seed"] == {"0": 1.0, "1": 1.0, "2": 1.0} and per_role["after_last_per_seed"] == {"0": 0.5, "1": 1.0, "2": 0.5}
+    assert rows["control", False]["splits"]["test"]["before_per_seed"] == per_role["before_per_seed"]
+    swapped = rows["per_role", True]["splits"]["test"]
+    assert swapped["before_swapped_is_as_trained"] and swapped["before_per_seed"] == per_role["before_per_seed"]
+    effect = swapped["swap_effect"]  # (1.0 - swapped) after, minus 0 before (the same team)
+    assert effect["before"] == 0 and effect["after"] == pytest.approx(1.0 - sum(swapped["after_per_seed"].values()) / 3)
+    family = [part[key] for row in result["rows"] for part in row["splits"].values() for key in ("gain", "gain_last", "swap_effect") if part.get(key)]
+    raw = [test["p"] for test in family if test["p"] is not None] + [c["seeds"]["p"] for c in result["comparisons"]
+                                                                     if not c["primary"] and c["seeds"] and c["seeds"]["p"] is not None]
+    assert result["family"] == len(raw) and all(test["p_holm"] >= test["p"] for test in family if test["p"] is not None)
+    assert max(test["p_holm"] for test in family if test["p"] is not None) <= 1.0
+    starts = result["warm_starts"]["per_role"]
+    assert len(starts["tool_policy"]["sha256"]) == 64 and starts["tool_policy"]["sha256"] == starts["plan_policy"]["sha256"]
+    assert result["collapses"]["control"]["2"]["collapsed"] and not result["collapses"]["per_role"]["0"]["collapsed"]
+    text = (out / "reproduce.md").read_text()
+    assert "**Primary claim** (declared " in text and "**it holds**" in text or "**it does not hold**" in text
+    assert "## Final confirmation split (`final`" in text and "At each run's last step (6)" in text and "(Holm " in text
+    assert "the same, null-training control (rewards shuffled within groups) 1 of 3 (seed 2: 6 of 6 steps without, 6 in a row)" in text
+    assert "swapped, it is the same team, so before = 0" in text
+    # once an "after" exists, the claim is not changed, nor dropped; as declared, the rerun goes on
+    for other in (["--primary", "per_role-control@test"], ["--primary", "none"]):
+        assert reproduce.main([*argv, *other]) == 1
+        assert "evaluations after training exist (" in capsys.readouterr().err
+    assert json.loads((out / "primary.json").read_text()) == declared
+    assert reproduce.main(argv) == 0
+    (out / "primary.json").unlink()  # an "after" with no declaration: none can be made now
+    assert reproduce.main(argv) == 1
+    assert f"cannot declare the primary claim per_role-control@final now: evaluations after training exist ({out}/after/" in capsys.readouterr().err
+
+
 def test_an_archive_carries_finished_evaluations_and_adapter_runs_to_a_new_machine(tmp_path, monkeypatch, capsys):
     """``--archive``: each finished evaluation (its per-episode outcomes, not transcripts) and each finished
     run of adapters (its records and the adapters of its best step on val, not verl's checkpoint) are
@@ -819,11 +904,11 @@ def test_an_archive_carries_finished_evaluations_and_adapter_runs_to_a_new_machi
     monkeypatch.setattr(reproduce.subprocess, "run", main_ppo)
     monkeypatch.setattr(reproduce.evaluate, "main", fake_eval)
     out, kept = tmp_path / "out", tmp_path / "archive"
-    argv = ["--methods", "real", "--seeds", "0", "--steps", "2", "--out", str(out), "--archive", str(kept), "--jobs", "1"]
+    argv = ["--methods", "real", "--seeds", "0", "--steps", "2", "--out", str(out), "--archive", str(kept), "--jobs", "1", "--splits", "test,confirm"]
     assert reproduce.main(argv) == 0 and launched == ["real_s0"] and len(evaluations) == 4
     first = json.loads((out / "reproduce.json").read_text())
     run = kept / "checkpoints" / "real_s0"
-    assert sorted(p.name for p in run.iterdir()) == sorted([*archive.RUN_RECORDS, "curve.jsonl", "global_step_1"])  # best on val: step 1
+    assert sorted(p.name for p in run.iterdir()) == sorted([*archive.RUN_RECORDS, "curve.jsonl", "global_step_1", "global_step_2"])  # best on val, last
     assert sorted(str(p.relative_to(run / "global_step_1")) for p in (run / "global_step_1").rglob("*") if p.is_file()) == [
         "policies/lora/lora_adapters/plan_adapter/adapter_model.safetensors", "policies/lora/lora_adapters/tool_adapter/adapter_model.safetensors",
         "val_metrics.json"]  # not verl's checkpoint
@@ -840,10 +925,10 @@ def test_an_archive_carries_finished_evaluations_and_adapter_runs_to_a_new_machi
     again = json.loads((out / "reproduce.json").read_text())
     assert again["rows"] == first["rows"] and again["comparisons"] == first["comparisons"]
     with pytest.raises(reproduce.ReproduceError, match="without verl's checkpoint of step 2 .* cannot be trained on to --steps 3"):
-        reproduce.check_saved(out / "checkpoints" / "real_s0", 3, [])  # its last step is not there
-    shutil.copytree(out / "checkpoints" / "real_s0" / "global_step_1", out / "checkpoints" / "real_s0" / "global_step_2")
-    with pytest.raises(reproduce.ReproduceError, match="without verl's checkpoint of step 2"):
         reproduce.check_saved(out / "checkpoints" / "real_s0", 3, [])  # its last step holds adapters alone
+    shutil.rmtree(out / "checkpoints" / "real_s0" / "global_step_2")
+    with pytest.raises(reproduce.ReproduceError, match="without verl's checkpoint of step 2"):
+        reproduce.check_saved(out / "checkpoints" / "real_s0", 3, [])  # or is not there
     # a run cut short here, and the archive's made by other code: the run here is left to resume
     shutil.rmtree(out / "checkpoints" / "real_s0")
     (out / "checkpoints" / "real_s0" / "global_step_1").mkdir(parents=True)
@@ -863,5 +948,12 @@ def test_an_archive_carries_finished_evaluations_and_adapter_runs_to_a_new_machi
     step = out / "checkpoints" / "mas_s0" / "global_step_1"
     (step / "policies" / "shared").mkdir(parents=True)
     (step / "val_metrics.json").write_text("{}")
-    assert not archive.keep_run(step.parent, step, out / "logs" / "mas_s0.jsonl", out, kept)  # a full model
+    assert not archive.keep_run(step.parent, [step], out / "logs" / "mas_s0.jsonl", out, kept)  # a full model
     assert not (kept / "checkpoints" / "mas_s0").exists()
+
+
+def test_holm_adjusts_a_family_of_tests_step_down_and_leaves_untested_ones_out():
+    # sorted 0.005, 0.01, 0.03, 0.04: x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> made non-decreasing: 0.06 for the last
+    assert stats.holm([0.01, 0.04, 0.03, None, 0.005]) == pytest.approx([0.03, 0.06, 0.06, None, 0.02])
+    assert stats.holm([0.6, 0.5]) == pytest.approx([1.0, 1.0]) and stats.holm([]) == []
+    assert stats.longest_run([True, True, False, True, True, True, False]) == 3 and stats.longest_run([]) == 0

@@ -25,6 +25,7 @@ __all__ = [
     "compute_at_grpo_advantage",
     "group_ids",
     "group_stats",
+    "permute_within_groups",
     "register_at_grpo",
     "zero_variance_frac",
 ]
@@ -173,6 +174,34 @@ def group_stats(index: Any) -> dict[str, float]:
         "at_grpo/mean_group_size": float(count.sum()) / num_groups if num_groups else 0.0,
         "at_grpo/singleton_frac": float((count == 1).sum()) / num_groups if num_groups else 0.0,
     }
+
+
+def permute_within_groups(scores: Any, index: Any, rng: np.random.Generator) -> np.ndarray:
+    """The null-training control's rewards: each group's scores shuffled among its rows at random.
+
+    A group keeps its multiset of scores, so its mean, std and advantages' scale are unchanged and
+    the update moves the policy as far as a trained step would; which reply earned which score is
+    lost, so the reward carries no information about the replies. (Zeroing the advantages instead
+    would give no policy-gradient step at all: no drift to control for.)
+
+    Args:
+        scores: one score per row, shape (bs,).
+        index: one hashable group key per row (see ``group_ids``).
+        rng: the permutations' source (seeded by the caller: the run's seed and step).
+
+    Returns:
+        `(np.ndarray)` float64, shape (bs,): the scores, permuted within each group (a group of
+        one row keeps its score).
+    """
+    values = np.asarray(scores, dtype=np.float64)
+    gid = group_ids(index).numpy()
+    if gid.shape != values.shape:
+        raise ValueError(f"index has {gid.size} keys for {values.size} rows")
+    permuted = values.copy()
+    for group in np.unique(gid):
+        rows = np.flatnonzero(gid == group)
+        permuted[rows] = values[rng.permutation(rows)]
+    return permuted
 
 
 def register_at_grpo() -> None:

@@ -12,7 +12,7 @@ from pettingllms_verl.envs.splits import generate_splits, task_key
 
 
 def split_parser(doc: str, env: str, noun: str, train: int, val: int, test: int) -> argparse.ArgumentParser:
-    """``--out-dir``, ``--train``, ``--val``, ``--test``, ``--confirm``; the script adds its env's options."""
+    """``--out-dir``, ``--train``, ``--val``, ``--test``, ``--confirm``, ``--final``; the script adds its env's options."""
     parser = argparse.ArgumentParser(description=doc)
     parser.add_argument("--out-dir", default=f"data/{env}", help="directory for the parquet files (train, val, test)")
     parser.add_argument("--train", type=int, default=train, help=f"number of training {noun}")
@@ -20,13 +20,15 @@ def split_parser(doc: str, env: str, noun: str, train: int, val: int, test: int)
     parser.add_argument("--test", type=int, default=test, help=f"number of test {noun}")
     parser.add_argument("--confirm", type=int, default=0,
                         help=f"number of confirmation {{noun}}: a second test split, never used to choose anything (0: none)".format(noun=noun))
+    parser.add_argument("--final", type=int, default=0,
+                        help=f"number of final confirmation {{noun}}: a third test split, read for a declared primary claim alone (0: none)".format(noun=noun))
     return parser
 
 
 def split_counts(args: argparse.Namespace) -> dict[str, int]:
-    """split -> tasks asked for by ``split_parser``'s options (the confirmation split only when asked)."""
+    """split -> tasks asked for by ``split_parser``'s options (the confirmation splits only when asked)."""
     counts = {"train": args.train, "val": args.val, "test": args.test}
-    return {**counts, "confirm": args.confirm} if args.confirm else counts
+    return {**counts, **{split: n for split, n in (("confirm", args.confirm), ("final", args.final)) if n}}
 
 
 def write_generated(

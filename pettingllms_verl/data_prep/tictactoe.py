@@ -18,7 +18,7 @@ def main(argv=None) -> None:
         ("val", {"val": args.val}, "random"),
         ("test", {"test": args.test}, "random"),
         ("test_minimax", {"test": args.test}, "minimax"),
-    ] + ([("confirm", {"confirm": args.confirm}, "random")] if args.confirm else [])
+    ] + [(split, {split: n}, "random") for split, n in (("confirm", args.confirm), ("final", args.final)) if n]
     for name, counts, opponent in jobs:
         write_generated("tictactoe", args.out_dir, counts, {"first": args.first, "opponent": opponent}, "tasks", name=name)
 

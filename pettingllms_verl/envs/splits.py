@@ -2,8 +2,10 @@
 
 Each split draws from its own seed range (``SEED_START``): train from 0, 1, 2, ..., val (for
 choosing checkpoints) from 500,000,000 on, test (the development test split: reported, and read
-when a task or a training length was chosen) from 1,000,000,000 on, confirm (a confirmation split,
-frozen before a final run and never read to choose anything) from 1,500,000,000 on. Each split keeps only the first occurrence of a task (by ``key``), and a task
+when a task or a training length was chosen) from 1,000,000,000 on, confirm (the development
+confirmation split: frozen before a final run, never read to choose anything, since read by several
+experiments) from 1,500,000,000 on, final (a confirmation split frozen when a primary claim is
+declared, read for that claim alone) from 1,750,000,000 on. Each split keeps only the first occurrence of a task (by ``key``), and a task
 whose key an earlier split already holds is skipped, so the splits share no puzzle even when two
 seeds generate the same one.
 """
@@ -17,7 +19,7 @@ from typing import Callable, Hashable
 from pettingllms_verl.data.rows import task_row
 from pettingllms_verl.envs import make
 
-SEED_START = {"train": 0, "val": 500_000_000, "test": 1_000_000_000, "confirm": 1_500_000_000}  # first seed of each split
+SEED_START = {"train": 0, "val": 500_000_000, "test": 1_000_000_000, "confirm": 1_500_000_000, "final": 1_750_000_000}  # first seed of each split
 
 
 def task_key(task: dict) -> str:
@@ -31,7 +33,7 @@ def generate_splits(
     key: Callable[[dict], Hashable] = task_key,
     log: Callable[[str], None] = print,
 ) -> dict[str, list[dict]]:
-    """Parquet rows per split (``{"train": n, "val": v, "test": m, "confirm": c}``, any subset); raises
+    """Parquet rows per split (``{"train": n, "val": v, "test": m, "confirm": c, "final": f}``, any subset); raises
     if the splits could not be kept disjoint."""
     unknown = set(counts) - set(SEED_START)
     if unknown:

@@ -48,23 +48,26 @@ def keep_evaluation(folder: Path, out: Path, archive: Path) -> None:
         write_whole(kept / name, (folder / name).read_text())
 
 
-def keep_run(checkpoints: Path, step: Path, curve: Path, out: Path, archive: Path) -> bool:
+def keep_run(checkpoints: Path, played: list[Path], curve: Path, out: Path, archive: Path) -> bool:
     """A finished run (its ``checkpoints`` folder under ``out``) into ``archive``: its records, its
-    ``curve`` and, of ``step`` (the step its evaluations play), the validation and the adapters.
-    False, keeping nothing, when the run holds a full model (its weights are too large to keep)."""
-    groups = sorted(p.name for p in (step / POLICIES_DIR).iterdir()) if (step / POLICIES_DIR).is_dir() else []
-    adapters = step / POLICIES_DIR / ADAPTER_GROUP / EXPORT_DIR
-    if groups != [ADAPTER_GROUP] or not adapters.is_dir():
-        return False
+    ``curve`` and, of each step in ``played`` (the steps its evaluations play: its best on val and its
+    last), the validation and the adapters. False, keeping nothing, when the run holds a full model
+    (its weights are too large to keep)."""
+    for step in played:
+        groups = sorted(p.name for p in (step / POLICIES_DIR).iterdir()) if (step / POLICIES_DIR).is_dir() else []
+        if groups != [ADAPTER_GROUP] or not (step / POLICIES_DIR / ADAPTER_GROUP / EXPORT_DIR).is_dir():
+            return False
     kept = archive / checkpoints.relative_to(out)
     staging = _staging(kept)
-    kept_step = staging / step.name
-    shutil.copytree(adapters, kept_step / POLICIES_DIR / ADAPTER_GROUP / EXPORT_DIR)
-    model_config = step / POLICIES_DIR / ADAPTER_GROUP / "huggingface" / "config.json"  # what runs.check_checkpoint compares
-    if model_config.is_file():
-        (kept_step / POLICIES_DIR / ADAPTER_GROUP / "huggingface").mkdir(parents=True)
-        shutil.copy2(model_config, kept_step / POLICIES_DIR / ADAPTER_GROUP / "huggingface" / "config.json")
-    shutil.copy2(step / VAL_METRICS, kept_step / VAL_METRICS)
+    for step in played:
+        kept_step = staging / step.name
+        shutil.copytree(step / POLICIES_DIR / ADAPTER_GROUP / EXPORT_DIR, kept_step / POLICIES_DIR / ADAPTER_GROUP / EXPORT_DIR)
+        model_config = step / POLICIES_DIR / ADAPTER_GROUP / "huggingface" / "config.json"  # what runs.check_checkpoint compares
+        if model_config.is_file():
+            (kept_step / POLICIES_DIR / ADAPTER_GROUP / "huggingface").mkdir(parents=True)
+            shutil.copy2(model_config, kept_step / POLICIES_DIR / ADAPTER_GROUP / "huggingface" / "config.json")
+        if (step / VAL_METRICS).is_file():
+            shutil.copy2(step / VAL_METRICS, kept_step / VAL_METRICS)
     for name in RUN_RECORDS:
         shutil.copy2(checkpoints / name, staging / name)
     if curve.is_file():

@@ -72,20 +72,33 @@ METHODS = {  # name -> (recipe, what the tables call it)
     "mas": ("plan_path_mas_atgrpo_repro_cpu", "MAS + AT-GRPO, shared policy"),
     "mas_by_problem": ("plan_path_mas_grpo_by_problem_repro_cpu", "MAS + GRPO grouped by problem, shared policy"),
     "per_role": ("plan_path_mas_full_repro_cpu", "MAS + AT-GRPO, a model per role"),
+    "control": ("plan_path_mas_full_control_repro_cpu", "the same, null-training control (rewards shuffled within groups)"),
     "ppo": ("plan_path_mas_ppo_repro_cpu", "MAS + PPO (a critic), shared policy"),
     "program": ("plan_path_program_repro_cpu", "MAS + AT-GRPO, shared policy, the team as a LangGraph program"),
     "real": ("plan_path_mas_lora_smollm2_repro_cpu", "MAS + AT-GRPO, SmolLM2-135M, a LoRA adapter per role"),
 }
-TINY = ("sa", "mas", "mas_by_problem", "per_role")  # `make reproduce`; `make reproduce-real` runs "real"
+TINY = ("sa", "mas", "mas_by_problem", "per_role", "control")  # `make reproduce`; `make reproduce-real` runs "real"
 SWAPPED = ("per_role", "real")  # the methods with a policy per role, also evaluated with the two swapped
+CONTROL_OF = {"control": "per_role"}  # a null-training control -> the method it is the control of: untrained, the same team
 
 
 # the methods whose whole team the environment plays ("program" plays it as a program: its "before" is its own)
-MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "ppo", "real")
-# the held-out splits, in report order: the development test split (read when the task and the training
-# length were chosen: docs/reproduction.md) and the confirmation split (frozen before the final run, read for nothing else)
-SPLITS = ("test", "confirm")
-SPLIT_NAMES = {"test": "Development test split", "confirm": "Confirmation split"}
+MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "control", "ppo", "real")
+# the held-out splits, in report order: the development test split (read when the task and the training length
+# were chosen: docs/reproduction.md), the development confirmation split (frozen before an earlier final run, read
+# by several experiments since) and the final confirmation split (frozen when the primary claim was declared, read for it)
+SPLITS = ("test", "confirm", "final")
+DEFAULT_SPLITS = ("test", "final")
+CONFIRMATIONS = ("confirm", "final")  # the splits nothing is chosen on: each checked disjoint from every other
+SPLIT_NAMES = {"test": "Development test split", "confirm": "Development confirmation split", "final": "Final confirmation split"}
+# The primary claim of `make reproduce`, declared before its runs (docs/reproduction.md, "The primary claim"): the team
+# with a model per role, trained, against its null-training control, trained alike without the reward's information.
+PRIMARY = {"a": "per_role", "b": "control", "split": "final", "checkpoint": "best on val",
+           "statistic": "success after training (each run's best step on val), mean over training runs, a - b",
+           "test": "Welch's t over training runs, two-sided", "alpha": 0.05}
+COLLAPSE_STEPS = 5  # a run with this many training steps in a row without a gradient (actor/grad_norm 0) counts as collapsed
+PRIMARY_FILE = "primary.json"  # in --out (and --archive): the primary claim as declared, before any "after"
+LAST = "-last"  # an "after" evaluation's label suffix for a run's last step (the plain label: its best step on val)
 
 
 class ReproduceError(Exception):
@@ -103,9 +116,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (data order and sampling; default 0,1,2)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the recipes' trainer.total_training_steps)")
     parser.add_argument("--episodes", type=int, default=None, help="test problems per evaluation (default all)")
-    parser.add_argument("--splits", default=",".join(SPLITS),
-                        help=f"comma-separated splits evaluated before and after (default {','.join(SPLITS)}: the development test split "
-                             "and the confirmation split, never used to choose anything)")
+    parser.add_argument("--splits", default=",".join(DEFAULT_SPLITS),
+                        help=f"comma-separated splits evaluated before and after, of {', '.join(SPLITS)} (default {','.join(DEFAULT_SPLITS)}: "
+                             "the development test split and the final confirmation split, read for the primary claim alone)")
+    parser.add_argument("--primary", default="auto", metavar="A-B@SPLIT",
+                        help=f"the one primary claim, declared into --out/primary.json before any evaluation after training exists: "
+                             f"method A's success after training minus method B's on SPLIT, Welch's t over the runs; every other "
+                             f"comparison is secondary, Holm-adjusted. 'none': no primary claim; 'auto' (default): "
+                             f"{PRIMARY['a']}-{PRIMARY['b']}@{PRIMARY['split']} where those methods and that split are asked for, else none")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("PETTINGLLMS_ARTIFACTS", "artifacts"), "reproduce"), help="output folder")
     parser.add_argument("--recipes", default=str(runs.RECIPES_DIR), help="recipes folder (default: the package's, pettingllms_verl/recipes)")
@@ -140,7 +158,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, values in (("--methods", args.methods), ("--seeds", args.seeds), ("--splits", args.splits)):
         if len(set(values)) != len(values):
             parser.error(f"{name}: {values} names one twice")
+    try:
+        args.primary = primary_claim(args.primary, args.methods, args.splits)
+    except ValueError as error:
+        parser.error(f"--primary {args.primary}: {error}")
     return args
+
+
+def primary_claim(spec: str, methods: list[str], splits: list[str]) -> dict | None:
+    """``--primary``: the claim it declares (``PRIMARY``'s keys), or None for 'none'."""
+    if spec == "none":
+        return None
+    if spec == "auto":
+        return dict(PRIMARY) if {PRIMARY["a"], PRIMARY["b"]} <= set(methods) and PRIMARY["split"] in splits else None
+    pair, _, split = spec.partition("@")
+    a, _, b = pair.partition("-")
+    if not (a and b and split):
+        raise ValueError("write it as A-B@SPLIT (e.g. per_role-control@final), or none")
+    missing = [name for name in (a, b) if name not in methods] + ([split] if split not in splits else [])
+    if missing:
+        raise ValueError(f"{', '.join(missing)} not among --methods {','.join(methods)} / --splits {','.join(splits)}")
+    return {**PRIMARY, "a": a, "b": b, "split": split}
 
 
 def run_label(method: str, seed: int) -> str:
@@ -284,16 +322,19 @@ def restore_run(checkpoints: Path, steps: int, warm: dict, settings: dict, sourc
 
 
 def keep_run(checkpoints: Path, label: str, args: argparse.Namespace, out: Path) -> None:
-    """A finished run into ``--archive`` (when given): the step its evaluations play, if its weights are adapters."""
+    """A finished run into ``--archive`` (when given): the steps its evaluations play (its best on val and
+    its last), if its weights are adapters."""
     if not args.archive:
         return
     try:
-        step = Path(runs.resolve_checkpoint(str(checkpoints), "best-val"))
+        best = Path(runs.resolve_checkpoint(str(checkpoints), "best-val"))
     except runs.EvalError as error:
         evaluate.say(f"[train {label}] not kept in {args.archive}: {error}")
         return
-    if archive.keep_run(checkpoints, step, out / "logs" / f"{label}.jsonl", out, Path(args.archive)):
-        evaluate.say(f"[train {label}] kept in {args.archive}: its records and {step.name}'s adapters")
+    last = checkpoints / f"global_step_{finished_steps(checkpoints)}"
+    played = [best, *([last] if last != best and last.is_dir() else [])]
+    if archive.keep_run(checkpoints, played, out / "logs" / f"{label}.jsonl", out, Path(args.archive)):
+        evaluate.say(f"[train {label}] kept in {args.archive}: its records and the adapters of {', '.join(step.name for step in played)}")
     else:
         evaluate.say(f"[train {label}] not kept in {args.archive}: it holds a full model (too large to keep; its evaluations are kept)")
 
@@ -519,7 +560,73 @@ def before_sources(methods: list[str], warm: dict) -> dict[str, str]:
     def same_team(method: str) -> bool:
         return method in MAS_TEAMS and "mas" in methods and models(method) == models("mas")
 
-    return {method: "mas" if method != "mas" and same_team(method) else method for method in methods}
+    found = {method: "mas" if method != "mas" and same_team(method) else method for method in methods}
+    for control, of in CONTROL_OF.items():  # untrained, a control is the team it controls for
+        if found.get(control) == control and of in methods and models(control) == models(of):
+            found[control] = found[of]
+    return found
+
+
+def alike_starts(warm: dict) -> set[str]:
+    """The methods whose every policy starts from the same weights (``warm``: method -> ``warm_start``;
+    a folder without weight files, by its path): swapped before training, such a team is the same team."""
+    return {method for method, starts in warm.items() if len({start["sha256"] or start["model"] for start in starts.values()}) == 1}
+
+
+def warm_names(starts: dict) -> dict:
+    """A ``warm_start`` as reproduce.json names it: per policy, its folder's name and its weights' sha256."""
+    return {policy: {"model": Path(start["model"]).name, "sha256": start.get("sha256")} for policy, start in starts.items()}
+
+
+def last_step(checkpoints: Path, steps: int) -> Path | None:
+    """A finished run's last step, to be played beside its best step on val; None when that is its best
+    step (one evaluation stands for both) or when it is not kept (a run restored from --archive)."""
+    last = checkpoints / f"global_step_{steps}"
+    try:
+        best = Path(runs.resolve_checkpoint(str(checkpoints), "best-val"))
+    except runs.EvalError:
+        return None
+    if best.name == last.name:
+        return None
+    if not last.is_dir():
+        evaluate.say(f"[after] {checkpoints.name}: its last step ({last.name}) is not kept (restored from --archive: its best step alone); "
+                     "played at its best step on val only")
+        return None
+    return last
+
+
+def declare_primary(out: Path, args: argparse.Namespace, source: str) -> dict | None:
+    """The primary claim (``args.primary``) as declared in ``out/primary.json``: written now, before any
+    evaluation after training exists, and read back as it was on a later invocation. Declaring one, or
+    another, once an "after" exists is refused, naming those evaluations; so is dropping a declared one."""
+    path = out / PRIMARY_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        saved = None
+    except ValueError as error:
+        raise ReproduceError(f"{path}: unreadable ({error}); it declares this folder's primary claim: restore it, or use another --out") from None
+    if (saved or {}).get("claim") == args.primary and (saved or args.primary is None):
+        return saved
+    afters = sorted(str(p.parent) for p in out.glob("after/*/*/results.json"))
+    if afters:
+        what = (f"declare the primary claim {args.primary['a']}-{args.primary['b']}@{args.primary['split']}" if args.primary
+                else "go on without a primary claim")
+        was = f" (declared in {path} on {saved['declared_at']}: {saved['claim']})" if saved else ""
+        raise ReproduceError(f"cannot {what} now{was}: evaluations after training exist ({', '.join(afters[:3])}"
+                             f"{f' and {len(afters) - 3} more' if len(afters) > 3 else ''}); a primary claim is declared before "
+                             f"any \"after\": give --primary as declared, or use another --out")
+    if args.primary is None:
+        path.unlink(missing_ok=True)
+        return None
+    declared = {"claim": args.primary, "declared_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "methods": args.methods,
+                "seeds": args.seeds, "splits": args.splits, "source_sha256": source}
+    write_whole(path, json.dumps(declared, indent=1))
+    if args.archive:
+        Path(args.archive).mkdir(parents=True, exist_ok=True)
+        write_whole(Path(args.archive) / PRIMARY_FILE, json.dumps(declared, indent=1))
+    evaluate.say(f"[primary] declared in {path}: {args.primary['a']} - {args.primary['b']} on {args.primary['split']}, {args.primary['test']}")
+    return declared
 
 
 def source_hash() -> str:
@@ -633,14 +740,20 @@ def _mean_roles(rows: list[dict]) -> dict[str, float]:
 
 
 def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], sources: dict[str, str] | None = None,
-              failed: dict[str, str] | None = None, not_evaluated: dict[str, str] | None = None) -> list[dict]:
+              failed: dict[str, str] | None = None, not_evaluated: dict[str, str] | None = None,
+              alike: set[str] | frozenset = frozenset(), last_step: int | None = None) -> list[dict]:
     """One row per method (and per-role swapped), per split: test success before (the evaluations of
     ``sources[method]``, ``before_sources``; default its own: one per training seed, each sampled with
-    that seed) and after (each seed's run), per seed and as a mean over seeds with its t interval
-    (``stats.seed_interval``); the gain over before across runs (Welch's t, ``stats.seed_difference``)
-    and paired over test problems (``stats.paired_problems``); per role its mean reward. A seed in
-    ``failed`` (label -> why) is listed as failed and left out of every figure; one in ``not_evaluated``
-    (label -> why: trained, not yet played after training) likewise, listed as such.
+    that seed) and after (each seed's run at its best step on val; ``*_last``: at its last step,
+    ``last_step``, played under the label ``<run>-last`` unless that is its best step), per seed and as a
+    mean over seeds with its t interval (``stats.seed_interval``); the gain over before across runs
+    (Welch's t, ``stats.seed_difference``) and paired over test problems (``stats.paired_problems``); per
+    role its mean reward. A swapped row's "before" is the warm start swapped (for a method in ``alike``,
+    whose policies start from the same weights, the warm start itself: swapped, it is the same team),
+    and its ``swap_effect`` the difference in differences over the runs: (as trained - swapped) after,
+    minus the same before, a paired t by run. A seed in ``failed`` (label -> why) is listed as failed and
+    left out of every figure; one in ``not_evaluated`` (label -> why: trained, not yet played after
+    training) likewise, listed as such.
 
     ``before``, ``after``: split -> seed -> an evaluation (``read_evaluation``)."""
     failed, not_evaluated = failed or {}, not_evaluated or {}
@@ -654,42 +767,80 @@ def aggregate(before: dict, after: dict, methods: list[str], seeds: list[int], s
                    "swapped": swapped, "failed_seeds": {s: failed[label] for s, label in labels.items() if label in failed},
                    "not_evaluated_seeds": {s: not_evaluated[label] for s, label in labels.items() if label in not_evaluated}, "splits": {}}
             for split in after.keys() | before.keys():
-                starts = {s: r for s in seeds if (r := _row_of(before.get(split, {}).get(s), source, False)) is not None}
+                starts = {s: r for s in seeds if (r := _before_row(before.get(split, {}).get(s), source, swapped, method in alike)) is not None}
                 ends = {s: r for s in seeds if labels[s] not in left_out and (r := _row_of(after.get(split, {}).get(s), labels[s], swapped)) is not None}
-                b, a = [r["success"] for r in starts.values()], [r["success"] for r in ends.values()]
-                a_out = _outcomes_of([(after[split][s], labels[s]) for s in ends], swapped)
-                b_out = _outcomes_of([(before[split][s], source) for s in starts], False)
-                row["splits"][split] = {
-                    "before_per_seed": {s: r["success"] for s, r in starts.items()},
-                    "before": None if swapped else stats.seed_interval(b),
-                    "before_mean": sum(b) / len(b) if b and not swapped else None,
-                    "after_per_seed": {s: r["success"] for s, r in ends.items()},
+                lasts = {s: r for s in ends if (r := _last_row(after[split][s], labels[s], swapped, ends[s], last_step)) is not None}
+                b = [r["success"] for r in starts.values()]
+                b_out = _outcomes_of([(before[split][s], source) for s in starts], swapped and method not in alike)
+                part = {"before_per_seed": {s: r["success"] for s, r in starts.items()}, "before": stats.seed_interval(b),
+                        "before_mean": sum(b) / len(b) if b else None, "before_swapped_is_as_trained": swapped and method in alike,
+                        "role_reward_before": _mean_roles(list(starts.values()))}
+                for name, runs_ in (("after", ends), ("after_last", lasts)):
+                    a = [r["success"] for r in runs_.values()]
+                    a_out = _outcomes_of([(after[split][s], r["label"]) for s, r in runs_.items()], swapped)
+                    gain = "gain" if name == "after" else "gain_last"
+                    part.update({f"{name}_per_seed": {s: r["success"] for s, r in runs_.items()}, name: stats.seed_interval(a),
+                                 f"{name}_mean": sum(a) / len(a) if a else None, gain: stats.seed_difference(a, b),
+                                 f"{gain}_paired": stats.paired_problems(a_out, b_out)})
+                    if name == "after":
+                        part.update({"after_min": min(a, default=None), "after_max": max(a, default=None),
+                                     "outcomes": a_out})  # for comparisons between methods; not written to reproduce.json
+                part.update({
+                    "after_step_per_seed": {s: r.get("step") for s, r in ends.items()},
                     "episodes_per_seed": {s: r["episodes"] for s, r in ends.items()},
                     # one evaluation's own noise (binomial): a description of it, not of another training run
                     "after_binomial_se_per_seed": {s: binomial_se(r["success"], r["episodes"]) for s, r in ends.items()},
-                    "after": stats.seed_interval(a),
-                    "after_mean": sum(a) / len(a) if a else None, "after_min": min(a, default=None), "after_max": max(a, default=None),
-                    "gain": None if swapped else stats.seed_difference(a, b),
-                    "gain_paired": None if swapped else stats.paired_problems(a_out, b_out),
-                    "role_reward_before": _mean_roles(list(starts.values())), "role_reward_after": _mean_roles(list(ends.values())),
-                    "outcomes": a_out,  # for comparisons between methods; not written to reproduce.json
-                }
+                    "role_reward_after": _mean_roles(list(ends.values())),
+                })
+                row["splits"][split] = part
             table.append(row)
+    for row in table:  # the swap's effect: what training added to the cost of swapping, run by run
+        trained = next((r for r in table if r["method"] == row["method"] and not r["swapped"]), None) if row["swapped"] else None
+        for split, part in row["splits"].items():
+            part["swap_effect"] = None if trained is None else swap_effect(trained["splits"][split], part)
     return table
 
 
+def _before_row(evaluation: dict | None, source: str, swapped: bool, alike: bool) -> dict | None:
+    """A method's warm start as ``aggregate`` reads it: swapped where asked, unless its policies start alike (the same team)."""
+    return _row_of(evaluation, source, swapped and not alike)
+
+
+def _last_row(evaluation: dict, label: str, swapped: bool, best: dict, last_step: int | None) -> dict | None:
+    """A run at its last step: its ``LAST`` evaluation, or its best-on-val one when that is its last step."""
+    found = _row_of(evaluation, label + LAST, swapped)
+    if found is None and last_step is not None and best.get("step") == last_step:
+        return best
+    return found
+
+
+def swap_effect(trained: dict, swapped: dict) -> dict | None:
+    """(as trained - swapped) after training minus (as trained - swapped) before it, per run, with a
+    paired t over the runs that have all four figures (``stats.seed_difference``); None under two runs."""
+    seeds = sorted(trained["after_per_seed"].keys() & swapped["after_per_seed"].keys()
+                   & trained["before_per_seed"].keys() & swapped["before_per_seed"].keys())
+    after = [trained["after_per_seed"][s] - swapped["after_per_seed"][s] for s in seeds]
+    before = [trained["before_per_seed"][s] - swapped["before_per_seed"][s] for s in seeds]
+    found = stats.seed_difference(after, before, paired=True)
+    return None if found is None else {**found, "after": sum(after) / len(after), "before": sum(before) / len(before)}
+
+
 # (a, b): the after-training comparisons the reproduction reports, by method (and swapped)
-COMPARISONS = [(("mas", False), ("sa", False)), (("per_role", False), ("sa", False)), (("mas", False), ("mas_by_problem", False)),
-               (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False)), (("real", True), ("real", False)),
-               (("program", False), ("mas", False))]
+COMPARISONS = [(("per_role", False), ("control", False)), (("mas", False), ("sa", False)), (("per_role", False), ("sa", False)),
+               (("mas", False), ("mas_by_problem", False)), (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False)),
+               (("real", True), ("real", False)), (("program", False), ("mas", False))]
 
 
-def comparisons(table: list[dict]) -> list[dict]:
-    """After training, per split, each pair of ``COMPARISONS`` present in ``table``: a - b across
-    training runs (Welch's t over the seeds' figures) and paired over the test problems both played."""
+def comparisons(table: list[dict], primary: dict | None = None) -> list[dict]:
+    """After training, per split, each pair of ``COMPARISONS`` present in ``table`` (and the ``primary``
+    claim's, marked ``primary``): a - b across training runs (Welch's t over the seeds' figures) and
+    paired over the test problems both played."""
     rows = {(row["method"], row["swapped"]): row for row in table}
+    pairs = list(COMPARISONS)
+    if primary and ((primary["a"], False), (primary["b"], False)) not in pairs:
+        pairs.insert(0, ((primary["a"], False), (primary["b"], False)))
     found = []
-    for a, b in COMPARISONS:
+    for a, b in pairs:
         if a not in rows or b not in rows:
             continue
         for split in sorted(rows[a]["splits"].keys() & rows[b]["splits"].keys(), key=split_order):
@@ -701,8 +852,38 @@ def comparisons(table: list[dict]) -> list[dict]:
                 else:
                     over_seeds = stats.seed_difference(list(x["after_per_seed"].values()), list(y["after_per_seed"].values()))
                 found.append({"split": split, "a": rows[a]["name"], "b": rows[b]["name"], "seeds": over_seeds,
-                              "paired": stats.paired_problems(x["outcomes"], y["outcomes"])})
+                              "paired": stats.paired_problems(x["outcomes"], y["outcomes"]),
+                              "primary": bool(primary) and (a, b, split) == ((primary["a"], False), (primary["b"], False), primary["split"])})
     return found
+
+
+def secondary_tests(table: list[dict], found: list[dict]) -> list[dict]:
+    """Every test over training runs the tables report besides the primary claim, as the dicts that
+    hold its ``p``: each method's gain over its warm start (best step and last), each swap's effect and
+    each comparison between methods. They form the family Holm's adjustment is made over."""
+    family = [part[key] for row in table for part in row["splits"].values()
+              for key in ("gain", "gain_last", "swap_effect") if part.get(key)]
+    return family + [c["seeds"] for c in found if c["seeds"] and not c["primary"]]
+
+
+def adjust(table: list[dict], found: list[dict]) -> int:
+    """Holm-adjust the secondary tests in place (``p_holm`` beside each ``p``); returns the family's size."""
+    family = secondary_tests(table, found)
+    for test, adjusted in zip(family, stats.holm([test["p"] for test in family])):
+        test["p_holm"] = adjusted
+    return sum(test["p"] is not None for test in family)
+
+
+def collapses(curve: Path) -> dict | None:
+    """A run's steps without a gradient (``actor/grad_norm`` 0: every group of the step gave its replies one
+    reward), from its curve: how many, the longest streak, and whether it reaches ``COLLAPSE_STEPS``."""
+    try:
+        steps = [json.loads(line) for line in curve.read_text().splitlines() if line.strip()]
+        flat = [float(step["data"]["actor/grad_norm"]) == 0.0 for step in sorted(steps, key=lambda step: step["step"])]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    streak = stats.longest_run(flat)
+    return {"steps": len(flat), "without_gradient": sum(flat), "longest": streak, "collapsed": streak >= COLLAPSE_STEPS}
 
 
 def split_order(split: str) -> tuple[int, str]:
@@ -739,6 +920,8 @@ def _gain_text(gain: dict | None) -> str:
     if gain["low"] == gain["high"]:
         return f"{gain['diff']:+.3f} (every {'problem' if bootstrap else 'run'} moved alike: no interval)"
     text = f"{gain['diff']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]{_p_text(gain['p'], bootstrap)}"
+    if gain.get("p_holm") is not None:
+        text += f" (Holm {gain['p_holm']:.3f})" if gain["p_holm"] >= 0.001 else f" (Holm {gain['p_holm']:.1e})"
     return text + (f", on the {gain['problems']} problems both played" if bootstrap and gain["unshared"] else "")
 
 
@@ -751,7 +934,7 @@ def markdown(table: list[dict], meta: dict) -> str:
         "",
         f"Test success (share of {meta['episodes'] or '-'} problems solved, sampled at T = 1) before training (the warm start, "
         f"evaluated once per training seed with that seed's sampling) and after {meta['steps']} steps (each run's best step on "
-        f"val), training seeds {', '.join(map(str, seeds))}. After: the mean over training runs with its {level} t interval "
+        f"val; its last step in the second table), training seeds {', '.join(map(str, seeds))}. After: the mean over training runs with its {level} t interval "
         "from the variance between runs (seeds - 1 degrees of freedom); before: the mean of the warm start's evaluations "
         "with the same interval, whose spread is evaluation noise alone (one warm start). Gain over seeds: after - before, "
         f"Welch's t over the two sets ({level} interval, two-sided p). Gain paired over problems: the same problems before and after, "
@@ -766,6 +949,11 @@ def markdown(table: list[dict], meta: dict) -> str:
         lines += ["", "**One training seed**: the variance between training runs cannot be estimated, so no interval over "
                   "seeds and no gain over seeds is given, and no claim about training runs is made; the paired figures "
                   "describe this one run on these problems."]
+    lines += ["", *primary_text(meta)]
+    if meta.get("family"):
+        lines += ["", f"**Secondary tests** (every other p over training runs below, {meta['family']} of them): each p is given with "
+                  "its Holm adjustment over that family (`Holm`), which is the one to read for a claim; a paired p over problems "
+                  "describes the runs made, not another set of runs, and is not adjusted."]
     for split in sorted({split for row in table for split in row["splits"]}, key=split_order):
         what = SPLIT_NAMES.get(split, split)
         lines += ["", f"## {what} (`{split}`{', sha256 ' + meta['split_sha256'][split][:16] if split in meta.get('split_sha256', {}) else ''})", "",
@@ -777,12 +965,29 @@ def markdown(table: list[dict], meta: dict) -> str:
             if part is None:
                 continue
             roles = ", ".join(f"{role} {fmt(part['role_reward_before'].get(role))} -> {fmt(reward)}" for role, reward in part["role_reward_after"].items())
-            before = "-" if row["swapped"] else _interval_text(part["before"], list(part["before_per_seed"].values()))
+            before = _interval_text(part["before"], list(part["before_per_seed"].values()))
             after = _interval_text(part["after"], list(part["after_per_seed"].values()))
-            gain = "-" if row["swapped"] else _gain_text(part["gain"])
-            paired = "-" if row["swapped"] else _gain_text(part["gain_paired"])
             cells = ["left out" if s in row["failed_seeds"] or s in row["not_evaluated_seeds"] else fmt(part["after_per_seed"].get(s)) for s in seeds]
-            lines.append("| " + " | ".join([row["name"], before, after, gain, paired, *cells, roles or "-"]) + " |")
+            lines.append("| " + " | ".join([row["name"], before, after, _gain_text(part["gain"]), _gain_text(part["gain_paired"]), *cells, roles or "-"]) + " |")
+        lines += ["", f"At each run's last step ({meta['steps']}), {what.lower()}:", "",
+                  "| method | after, last step | gain over seeds | gain paired over problems | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+                  "|---|---|---|---|" + "---|" * len(seeds)]
+        for row in table:
+            if (part := row["splits"].get(split)) is not None:
+                cells = [fmt(part["after_last_per_seed"].get(s)) for s in seeds]
+                lines.append("| " + " | ".join([row["name"], _interval_text(part["after_last"], list(part["after_last_per_seed"].values())),
+                                                 _gain_text(part["gain_last"]), _gain_text(part["gain_last_paired"]), *cells]) + " |")
+        swaps = [(row, part) for row in table if row["swapped"] and (part := row["splits"].get(split)) is not None]
+        if swaps:
+            lines += ["", "The swap's effect, (as trained - swapped) after training minus the same before it, run by run "
+                      f"({stats.PAIRED_T}): what training added to the cost of swapping. A swapped warm start that costs as much "
+                      "as the trained swap says the warm start, not training, made the roles apart.", ""]
+            for row, part in swaps:
+                effect = part["swap_effect"]
+                same = " (the warm start gives both policies the same weights: swapped, it is the same team, so before = 0)" \
+                    if part["before_swapped_is_as_trained"] else ""
+                lines.append(f"- {row['name']}: " + ("n/a (needs 2+ runs with all four figures)" if effect is None else
+                             f"after {effect['after']:+.3f}, before {effect['before']:+.3f}{same}: {_gain_text(effect)}"))
         lines += ["", f"After training on {what.lower()}, a - b (over seeds: {stats.WELCH} between methods, a {stats.PAIRED_T} "
                   "for one method's policies swapped; paired: over problems):", ""]
         lines += [f"- {c['a']} - {c['b']}: over seeds{' (' + c['seeds']['test'] + ')' if c['seeds'] else ''} {_gain_text(c['seeds'])}; "
@@ -794,8 +999,17 @@ def markdown(table: list[dict], meta: dict) -> str:
             lines += ["", f"One evaluation's own noise (binomial, {noise[0]} episodes): about ±{noise[1]:.3f} on a success rate, "
                       "a description of that evaluation alone; a claim about training rests on the intervals over seeds."]
     lines += ["", "Role reward: the mean reward of a role's replies in the test episodes (`before/` and `after/`).",
-              "", "Warm starts: " + "; ".join(f"{METHODS[method][1]}: " + ", ".join(f"{policy} `{model}`" for policy, model in policies.items())
-                                              for method, policies in meta["warm_starts"].items()) + "."]
+              "", "Warm starts (sha256 of their weights; verl's SFT gives other bits on another machine, so \"before\" is measured "
+              "per run and a rerun elsewhere compares gains, not levels): "
+              + "; ".join(f"{METHODS[method][1]}: " + ", ".join(_warm_text(policy, start) for policy, start in policies.items())
+                          for method, policies in meta["warm_starts"].items()) + "."]
+    if meta.get("collapses"):
+        lines += ["", f"Collapsed runs ({COLLAPSE_STEPS} training steps in a row or more without a gradient: every group of each "
+                  "step gave its replies one reward): " + "; ".join(
+                      f"{METHODS[method][1]} {sum(bool(c and c['collapsed']) for c in runs_.values())} of {len(runs_)}"
+                      + "".join(f" (seed {seed}: {c['without_gradient']} of {c['steps']} steps without, {c['longest']} in a row)"
+                                for seed, c in runs_.items() if c and c["collapsed"])
+                      for method, runs_ in meta["collapses"].items()) + "."]
     for method, source in meta.get("before_of", {}).items():
         lines += ["", f"Before training, {METHODS[method][1]} is the team of {METHODS[source][1]} (every role from the same model): "
                   "one evaluation stands for both."]
@@ -804,6 +1018,30 @@ def markdown(table: list[dict], meta: dict) -> str:
             if not row["swapped"]:
                 lines += ["", f"**{row['name']}, seed {seed}: left out of the figures**: {why}"]
     return "\n".join(lines) + "\n"
+
+
+def _warm_text(policy: str, start) -> str:
+    if isinstance(start, dict):  # {"model": folder name, "sha256": ...}
+        return f"{policy} `{start['model']}` ({str(start.get('sha256'))[:12]})"
+    return f"{policy} `{start}`"
+
+
+def primary_text(meta: dict) -> list[str]:
+    """The primary claim as declared (before any "after" existed) and what its test gave."""
+    declared = meta.get("primary")
+    if not declared:
+        return ["**No primary claim was declared**: every test below is secondary, Holm-adjusted over the family."]
+    claim = declared["claim"]
+    head = (f"**Primary claim** (declared {declared['declared_at']}, before any evaluation after training existed): "
+            f"{METHODS[claim['a']][1]} minus {METHODS[claim['b']][1]}, {claim['statistic']}, on the "
+            f"{SPLIT_NAMES.get(claim['split'], claim['split']).lower()} (`{claim['split']}`); {claim['test']}, alpha {claim['alpha']}.")
+    result = meta.get("primary_result")
+    if result is None or result["seeds"] is None:
+        return [head, "", "Its test: not made (needs 2+ finished runs of each method on that split)."]
+    test = result["seeds"]
+    holds = test["p"] is not None and test["p"] < claim["alpha"] and test["diff"] > 0
+    return [head, "", f"Its test over {test['runs'][0]} and {test['runs'][1]} runs: {_gain_text(test)}: "
+            + ("**it holds**." if holds else "**it does not hold** at that level.")]
 
 
 def plot_table(table: list[dict], out: Path) -> str:
@@ -842,20 +1080,24 @@ def plot_table(table: list[dict], out: Path) -> str:
 
 def check_splits(args: argparse.Namespace) -> dict[str, str]:
     """split -> sha256 of its problems, for the splits asked for; a missing split names the command
-    that writes it, and a confirmation split that shares problems with train, val or test is refused."""
+    that writes it, and a confirmation split (``CONFIRMATIONS``) that shares problems with any other
+    split, evaluated or not, is refused."""
     cfg = runs.compose(METHODS[args.methods[0]][0], args.overrides, Path(args.recipes))
-    # the confirmation split is checked against every other split, test too where it is not evaluated
-    checked = ("train", "val", "test", *args.splits) if "confirm" in args.splits else ("train", "val", *args.splits)
-    files = {split: runs.split_file(cfg, split) for split in dict.fromkeys(checked)}
+    confirmations = [split for split in args.splits if split in CONFIRMATIONS]
+    files = {split: runs.split_file(cfg, split) for split in dict.fromkeys(("train", "val", *args.splits))}
+    # a confirmation split is checked against every other split: test and the other confirmation split too where they exist
+    folder = Path(files["train"]).parent
+    files.update({split: str(folder / f"{split}.parquet") for split in ("test", *CONFIRMATIONS)
+                  if confirmations and split not in files and (folder / f"{split}.parquet").is_file()})
     tasks = {split: [task_key(json.loads(info["task_json"])) for info in pd.read_parquet(path, columns=["extra_info"])["extra_info"]]
              for split, path in files.items()}
-    if "confirm" in tasks:
-        shared = {split: len(set(tasks["confirm"]) & set(tasks[split])) for split in ("train", "val", "test") if split in tasks}
+    for confirm in confirmations:
+        shared = {split: len(set(tasks[confirm]) & set(tasks[split])) for split in tasks if split != confirm}
         if any(shared.values()):
-            raise ReproduceError(f"the confirmation split {files['confirm']} shares problems with "
+            raise ReproduceError(f"the confirmation split {files[confirm]} shares problems with "
                                  + ", ".join(f"{split} ({n})" for split, n in shared.items() if n)
-                                 + ": it must be disjoint from every split used to train or choose; write it again with the data "
-                                 "command of the recipe's data section (--confirm: a seed range of its own)")
+                                 + ": it must be disjoint from every other split; write it again with the data "
+                                 f"command of the recipe's data section (--{confirm}: a seed range of its own)")
     return {split: hashlib.sha256("\n".join(tasks[split]).encode()).hexdigest() for split in args.splits}
 
 
@@ -926,11 +1168,16 @@ def saved_evaluations(args: argparse.Namespace, saved: Path) -> tuple[dict, dict
     if other:  # one table, one training length
         raise ReproduceError(f"{saved}/checkpoints: runs trained for other steps than " + (f"--steps {args.steps}" if args.steps else
                              f"the others' {max(trained.values())}") + ": " + ", ".join(f"{label} {steps}" for label, steps in sorted(other.items())))
+    starts = {m: next(warm[label] for label in [*(run_label(m, s) for s in args.seeds), sources[m]] if label in warm) for m in args.methods}
+    try:
+        primary = json.loads((saved / PRIMARY_FILE).read_text())
+    except FileNotFoundError:
+        primary = None
+    except ValueError as error:
+        raise ReproduceError(f"{saved / PRIMARY_FILE}: unreadable ({error})") from None
     meta = {"steps": args.steps or max(trained.values()), "not_evaluated": not_evaluated, "source_sha256": next(iter(prints.values()))["source"], "report": True,
             "split_sha256": {split: prints[saved / "before" / split / f"s{args.seeds[0]}"]["problems"] for split in args.splits},
-            "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in
-                                next(warm[label] for label in [*(run_label(m, s) for s in args.seeds), sources[m]] if label in warm).items()}
-                            for m in args.methods}}
+            "warm_starts": {m: warm_names(start) for m, start in starts.items()}, "alike": sorted(alike_starts(starts)), "primary": primary}
     return before, after, sources, failed, meta
 
 
@@ -946,14 +1193,18 @@ def write_table(out: Path, args: argparse.Namespace, before: dict, after: dict, 
     default ``out``: ``logs/``, or an archive's ``checkpoints/<run>/curve.jsonl``), and the table printed.
     A run in ``failed`` or ``meta["not_evaluated"]`` is left out of the figures; the latter's curve is drawn."""
     not_evaluated = meta.get("not_evaluated", {})
-    table = aggregate(before, after, args.methods, args.seeds, sources, failed, not_evaluated)
+    table = aggregate(before, after, args.methods, args.seeds, sources, failed, not_evaluated, set(meta.get("alike", [])), meta["steps"])
     episodes = next((r["episodes"] for split in after.values() for ev in split.values() for r in ev["rows"]), None)
+    claim = (meta.get("primary") or {}).get("claim")
+    found = comparisons(table, claim)
+    family = adjust(table, found)
+    curve_of = {label: curve_file(curves or out, label) for label in (run_label(m, s) for m in args.methods for s in args.seeds)}
     meta = {**meta, "seeds": args.seeds, "splits": args.splits, "episodes": episodes,
-            "before_of": {m: source_of for m, source_of in sources.items() if source_of != m}, "comparisons": comparisons(table), "failed": failed,
-            "not_evaluated": not_evaluated}
+            "before_of": {m: source_of for m, source_of in sources.items() if source_of != m}, "comparisons": found, "failed": failed,
+            "not_evaluated": not_evaluated, "family": family, "primary_result": next((c for c in found if c["primary"]), None),
+            "collapses": {m: {s: collapses(curve_of[run_label(m, s)]) for s in args.seeds} for m in args.methods}}
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": public(table)}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
-    curve_of = {label: curve_file(curves or out, label) for label in (run_label(m, s) for m in args.methods for s in args.seeds)}
     drawn = [label for label, curve in curve_of.items() if label not in failed and (label not in not_evaluated or curve.is_file())]
     logs = {m: [str(curve_of[run_label(m, s)]) for s in args.seeds if run_label(m, s) in drawn] for m in args.methods}
     curve_args = [f"--curves={m}=" + ",".join(files) for m, files in logs.items() if files]
@@ -998,15 +1249,20 @@ def main(argv: list[str] | None = None) -> int:
                 if reasons:
                     evaluate.say(f"[train {run_label(method, seed)}] saved, but will be trained again: {'; '.join(reasons)}")
         split_sha256 = check_splits(args)
+        primary = declare_primary(out, args, source)
         # each method's recipe at its warm start, once per distinct team (a model per role may start its roles apart: --set),
         # once per training seed (each its own draw) and split; kept from an earlier invocation only if made alike
         sources = before_sources(args.methods, warm)
         before_specs = [f"{name}={METHODS[name][0]}" for name in args.methods if sources[name] == name]
+        alike = alike_starts(warm)
+        # a team whose policies start apart also plays its warm start swapped: what swapping costs before training
+        swap_before = any(sources[name] == name and name in SWAPPED and name not in alike for name in args.methods)
         before: dict[str, dict[int, dict]] = {}
         for split in args.splits:
             for seed in args.seeds:
                 fp = fingerprint(before_specs, args, warm, seed, split, source, split_sha256[split])
-                before.setdefault(split, {})[seed] = evaluation(before_specs, args, out / "before" / split / f"s{seed}", seed, split, fp, swap=False)
+                before.setdefault(split, {})[seed] = evaluation(before_specs, args, out / "before" / split / f"s{seed}", seed, split, fp,
+                                                                swap=swap_before)
         failed = train_all(steps, args, out, warm, settings)
         after: dict[str, dict[int, dict]] = {}
         for split in args.splits:
@@ -1014,15 +1270,21 @@ def main(argv: list[str] | None = None) -> int:
                 labels = {run_label(m, seed): m for m in args.methods if run_label(m, seed) not in failed}
                 if not labels:
                     continue
-                specs = [f"{label}={METHODS[m][0]}@{out / 'checkpoints' / label}" for label, m in labels.items()]
-                fp = fingerprint(specs, args, {label: warm[m] for label, m in labels.items()}, seed, split, source, split_sha256[split],
+                played = {}  # evaluation label -> (method, checkpoint): each run at its best step on val, and at its last
+                for label, m in labels.items():
+                    played[label] = (m, out / "checkpoints" / label)
+                    if (last := last_step(out / "checkpoints" / label, steps)) is not None:
+                        played[label + LAST] = (m, last)
+                specs = [f"{label}={METHODS[m][0]}@{checkpoint}" for label, (m, checkpoint) in played.items()]
+                fp = fingerprint(specs, args, {label: warm[m] for label, (m, _) in played.items()}, seed, split, source, split_sha256[split],
                                  trained={label: trained_id(out / "checkpoints" / label) for label in labels})
                 after.setdefault(split, {})[seed] = evaluation(specs, args, out / "after" / split / f"s{seed}", seed, split, fp, swap=True)
     except (ReproduceError, runs.EvalError) as error:
         print(f"reproduce: {error}", file=sys.stderr)
         return 1
     meta = {"steps": steps, "wall_s": time.perf_counter() - started, "overrides": args.overrides, "source_sha256": source,
-            "split_sha256": split_sha256, "warm_starts": {m: {policy: Path(start["model"]).name for policy, start in warm[m].items()} for m in args.methods}}
+            "split_sha256": split_sha256, "warm_starts": {m: warm_names(warm[m]) for m in args.methods}, "alike": sorted(alike),
+            "primary": primary}
     write_table(out, args, before, after, sources, failed, meta)
     if failed:
         print(f"reproduce: {len(failed)} training run(s) failed and are reported as failed: {', '.join(sorted(failed))} "

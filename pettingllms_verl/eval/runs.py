@@ -82,7 +82,7 @@ def split_file(cfg: DictConfig, split: str) -> str:
     if not os.path.isfile(path):
         raise EvalError(
             f"--split {split}: {path} does not exist; write it with the data-prep command in the recipe's "
-            f"data section (recipes/base/data/), which writes train, val and test (and confirm, with --confirm N)"
+            f"data section (recipes/base/data/), which writes train, val and test (and confirm, final with --confirm N, --final N)"
         )
     return path
 

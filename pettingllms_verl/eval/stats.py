@@ -100,3 +100,32 @@ def paired_problems(a: Mapping[str, Sequence[bool]], b: Mapping[str, Sequence[bo
     p = min(1.0, 2 * min(float((means <= 0).mean()), float((means >= 0).mean())))
     return {"diff": diff, "low": float(boot.confidence_interval.low), "high": float(boot.confidence_interval.high), "p": p,
             "problems": len(shared), "unshared": unshared, "level": level}
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate):
+    the i-th smallest of m is multiplied by (m - i + 1), made non-decreasing, capped at 1. A None
+    (no test) stays None and does not count in m.
+
+    Args:
+        pvalues: (m,) the family's raw p-values, in any order.
+
+    Returns:
+        the adjusted p-values, in the order given.
+    """
+    tested = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    adjusted: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def longest_run(flags: Sequence[bool]) -> int:
+    """The most consecutive True values in ``flags`` (e.g. training steps without a gradient)."""
+    best = current = 0
+    for flag in flags:
+        current = current + 1 if flag else 0
+        best = max(best, current)
+    return best

@@ -54,8 +54,9 @@ from verl.workers.engine_workers import TrainingWorkerConfig
 from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.utils.losses import value_loss
 
-from pettingllms_verl.algo import AT_GRPO, group_stats, zero_variance_frac
-from pettingllms_verl.config import ADAPTER_GROUP, CRITICS_DIR, POLICIES_DIR, ROW_TEMPERATURE, SECTION, VAL_METRICS, load, policy_config
+from pettingllms_verl.algo import AT_GRPO, group_stats, permute_within_groups, zero_variance_frac
+from pettingllms_verl.config import (ADAPTER_GROUP, CRITICS_DIR, NULL_REWARD_PERMUTE, POLICIES_DIR, ROW_TEMPERATURE, SECTION, VAL_METRICS, load,
+                                     policy_config)
 from pettingllms_verl.files import write_whole
 from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
 from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
@@ -643,6 +644,8 @@ class MASTrainer(PPOTrainerSync):
         own = self.config.algorithm.adv_estimator in (AT_GRPO, AdvantageEstimator.GAE)  # per-turn rewards; gae: each row its own trajectory
         regrouped = own or any(tag.get("mas_placeholder") for tag in tags)
         if own:
+            if self.settings.trainer.null_reward == NULL_REWARD_PERMUTE:
+                metrics.update(self._null_rewards(tags))
             self._own_rewards_and_groups(batch, real, rows["rm_scores"], tags)
         elif regrouped:
             self._placeholders_apart(batch, real, tags)
@@ -672,6 +675,18 @@ class MASTrainer(PPOTrainerSync):
         if self.settings.paths.batch_dump_dir:
             self._dump_batch(self.settings.paths.batch_dump_dir, batch, real, index, scores, tags)
         return batch
+
+    def _null_rewards(self, tags: list[dict]) -> dict[str, float]:
+        """The null-training control: each row's reward shuffled within its AT-GRPO group (seeded by
+        the run's data seed and the step, so a resumed run shuffles as it would have); a failed
+        episode's placeholder row keeps its own. Returns the share of rows whose reward moved."""
+        rows = [i for i, tag in enumerate(tags) if not tag.get("mas_placeholder")]
+        rewards = [tags[i]["mas_reward"] for i in rows]
+        rng = np.random.default_rng([int(self.config.data.get("seed") or 0), int(self.global_steps)])
+        shuffled = permute_within_groups(rewards, [tags[i]["mas_group"] for i in rows], rng)
+        for i, reward in zip(rows, shuffled.tolist()):
+            tags[i]["mas_reward"] = reward
+        return {"mas/null_reward/moved_frac": float(np.mean(np.asarray(rewards) != shuffled)) if rows else 0.0}
 
     @staticmethod
     def _own_rewards_and_groups(batch, keys: list[str], rm_scores, tags: list[dict]) -> None:
