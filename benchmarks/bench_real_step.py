@@ -14,7 +14,10 @@ the same problems (2 problems x K = 4 x 2 roles x <= 2 turns per step):
   the baseline run; the recipe gives each both cores (``base/cpu_one_run``);
 - ``baseline_threads``: the baseline with each side on as many threads as the recipe gives them
   (``base/cpu_one_run``). A synchronous step generates, then updates: the two never compute at once.
-  Ratios are given against ``baseline`` and, where it ran, ``baseline_threads``.
+  Ratios are given against ``baseline`` and, where it ran, ``baseline_threads``: each only against the
+  baseline whose sides run on as many threads as its own (``SIDE_THREADS``; the table says which), since
+  a ratio between unequal thread settings credits a setting with the cores it was given.
+  ``--unequal-threads`` gives every ratio, marked so.
 
 No checkpoints, no validation. The figure is the second step's ``timing_s/*`` (the first warms up)
 and its ratio to the baseline's. Each run samples its own replies, so the steps compared differ in
@@ -25,7 +28,7 @@ what a step drew (generation does not scale with it). Run it with nothing else o
 so that a drift of the machine reaches every setting alike; each ratio is taken within a repeat and
 reported as its mean over the repeats with a 95 % t interval (N - 1 degrees of freedom).
 
-    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded,one_thread,baseline_threads] [--repeats N] [--out benchmarks/results/real_step.json]
+    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded,one_thread,baseline_threads] [--repeats N] [--unequal-threads] [--out benchmarks/results/real_step.json]
     python benchmarks/bench_real_step.py --logs DIR   # the table again from a run's logs (DIR/<run>[_<repeat>].jsonl)
 """
 
@@ -51,6 +54,9 @@ RUNS = {  # name -> (label, recipe, steps, overrides)
     "baseline_threads": ("baseline, rollout and trainer on every core", "plan_path_mas_atgrpo_cpu", 2,
                          ["actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.use_prefix_grouper=false", "{threads}"]),
 }
+# the threads each side (rollout server, trainer workers) runs on: 1, or the recipe's (base/cpu_one_run)
+SIDE_THREADS = {"baseline": "1 thread", "recipe": "the recipe's threads", "unfolded": "the recipe's threads", "one_thread": "1 thread",
+                "baseline_threads": "the recipe's threads"}
 THREADS = ["++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={n}", '++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{n}"']
 PARTS = ("step", "gen", "old_log_prob", "update_actor", "update_weights")  # timing_s/<part>
 TIMED_STEP = 2
@@ -124,12 +130,18 @@ def ratio_keys(names: list[str]) -> list[str]:
     return [f"{what}_vs_{base}" for base in BASELINES if base in names for what in ("step", "per_token")]
 
 
-def with_ratios(rows: list[dict]) -> None:
-    """Each row's step time and time per token against each baseline's of the same repeat (None where it did not run)."""
+def equal_baseline(names: list[str]) -> list[str]:
+    """The settings of ``names`` with no baseline among them on equal threads (``SIDE_THREADS``)."""
+    return [name for name in names if not any(SIDE_THREADS[base] == SIDE_THREADS[name] for base in BASELINES if base in names)]
+
+
+def with_ratios(rows: list[dict], unequal: bool = False) -> None:
+    """Each row's step time and time per token against each baseline's of the same repeat: None where it
+    did not run, or (unless ``unequal``) where its sides run on other threads than the row's."""
     for base_name in BASELINES:
         baselines = {row["repeat"]: row for row in rows if row["run"] == base_name}
         for row in rows:
-            base = baselines.get(row["repeat"])
+            base = baselines.get(row["repeat"]) if unequal or SIDE_THREADS[base_name] == SIDE_THREADS[row["run"]] else None
             row[f"step_vs_{base_name}"] = row["step_s"] / base["step_s"] if base else None
             row[f"per_token_vs_{base_name}"] = row["ms_per_token"] / base["ms_per_token"] if base else None
 
@@ -162,6 +174,8 @@ def main() -> None:
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (ratios against baseline and, where it ran, baseline_threads)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; 2 or more: each ratio's 95 %% t interval over them")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "real_step.json"))
+    parser.add_argument("--unequal-threads", action="store_true",
+                        help="also give ratios against a baseline whose sides run on other threads than the setting's (marked: they credit the setting with its cores)")
     parser.add_argument("--logs", help="a folder with the runs' file logs (<run>.jsonl, or <run>_<repeat>.jsonl with --repeats): print and write the table from them, run nothing")
     args = parser.parse_args()
     names = args.runs.split(",")
@@ -170,6 +184,12 @@ def main() -> None:
         sys.exit(f"--runs: unknown {unknown}; from: {list(RUNS)}")
     if args.repeats < 1:
         sys.exit(f"--repeats: {args.repeats}; at least 1")
+    alone = [name for name in equal_baseline(names) if name not in BASELINES]
+    if alone and not args.unequal_threads:
+        sys.exit(f"--runs: {', '.join(alone)} would have no baseline on equal threads (each side on "
+                 f"{', '.join(sorted({SIDE_THREADS[name] for name in alone}))}): add "
+                 f"{' or '.join(base for base in BASELINES if SIDE_THREADS[base] in {SIDE_THREADS[n] for n in alone})} to --runs, "
+                 "or give --unequal-threads to compare unequal settings (marked so)")
     order = [(repeat, name) for repeat in range(args.repeats) for name in names]  # interleaved
     if args.logs:
         missing = [log for log in (log_name(name, repeat, args.repeats) for repeat, name in order) if not os.path.isfile(os.path.join(args.logs, log))]
@@ -184,8 +204,11 @@ def main() -> None:
         rows = [{"run": name, "repeat": repeat, "setting": RUNS[name][0], **run(root, name, log_name(name, repeat, args.repeats))}
                 for repeat, name in order]
         taken = time.strftime("%Y-%m-%d")
-    with_ratios(rows)
-    print(f"\nsecond step's timing_s/* (s), runs of {taken}" + ("" if args.logs else f", {usable_cores()} usable cores"))
+    with_ratios(rows, args.unequal_threads)
+    print(f"\nsecond step's timing_s/* (s), runs of {taken}" + ("" if args.logs else f", {usable_cores()} usable cores")
+          + "; each side on: " + ", ".join(f"{name} {SIDE_THREADS[name]}" for name in names)
+          + ("; ratios between unequal thread settings included (--unequal-threads)" if args.unequal_threads else
+             "; each ratio against the baseline on equal threads only"))
     ratios = ratio_keys(names)
     heads = {key: key.replace("per_token", "tok").replace("_vs_", "/").replace("baseline", "base") for key in ratios}
     print(f"{'setting':<46} {'rep':>3} {'step':>6} {'gen':>6} {'old lp':>6} {'update':>6} {'sync':>5} {'tokens':>6} {'ms/tok':>6} "
@@ -203,7 +226,8 @@ def main() -> None:
                   + " ".join(f"{ratio_text(entry[key], entry[f'{key}_interval']):>26}" for key in ratios))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"runs": rows, "settings": settings}, f, indent=2)
+        json.dump({"runs": rows, "settings": settings, "side_threads": {name: SIDE_THREADS[name] for name in names},
+                   "unequal_threads": args.unequal_threads}, f, indent=2)
     print(f"wrote {args.out}")
 
 
