@@ -128,8 +128,10 @@ code:  ## train the code team (tester + coder) on CPU
 # The reproduction of "MAS + AT-GRPO beats SA + GRPO" on CPU (pettingllms_verl/eval/reproduce.py):
 # Plan-Path 4x4 in one turn, routes of 2-3 moves, the tiny model warm-started by verl's SFT trainer on
 # noisy demonstrations in two stages, SA + GRPO, MAS + AT-GRPO (shared policy, and a model per role,
-# also swapped) and MAS + GRPO with groups keyed by problem alone, 3 seeds each, evaluated on 1,024
-# test problems before and after training (docs/reproduction.md). A rerun keeps finished training runs.
+# also swapped, with its null-training control) and MAS + GRPO with groups keyed by problem alone, 5 seeds
+# each, evaluated on 1,024 problems of the test split and of the final confirmation split before and after
+# training; its primary claim (per-role against the control on the final split) is declared into
+# $(ARTIFACTS)/reproduce/primary.json before any "after" (docs/reproduction.md). A rerun keeps finished runs.
 REPRO_ENV := {"size": 4, "wall_density": 0.3, "max_turns": 1}
 # how often each demonstrated reply is the right one (models/demos.py): the tool writes the BFS program
 # half the time (the planner so sees as many of its outputs as of the wall-blind ones), the planner copies
@@ -154,19 +156,19 @@ REPRO_DATA := $(addprefix $(ARTIFACTS)/data/plan_path_4x4_short/,train.parquet c
 
 model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_team/config.json  ## the reproduction's warm start (both SFT stages)
 
-reproduce: model-plan-path-demos $(REPRO_DATA)  ## MAS + AT-GRPO against SA + GRPO and problem-keyed GRPO on Plan-Path 4x4, 3 seeds, before and after
+reproduce: model-plan-path-demos $(REPRO_DATA)  ## MAS + AT-GRPO against SA + GRPO, problem-keyed GRPO and a null-training control on Plan-Path 4x4, 5 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
 
 # MAS + PPO on the same task and warm start: the shared policy trained with a critic (gae) instead of
 # AT-GRPO, 3 seeds, before and after (reported on its own; docs/reproduction.md).
 reproduce-ppo: model-plan-path-demos $(REPRO_DATA)  ## MAS + PPO (a critic) on the reproduction's task, 3 seeds, before and after
-	$(PY) -m pettingllms_verl.eval.reproduce --methods ppo --out $(ARTIFACTS)/reproduce_ppo
+	$(PY) -m pettingllms_verl.eval.reproduce --methods ppo --seeds 0,1,2 --splits test,confirm --out $(ARTIFACTS)/reproduce_ppo
 
 # The same team written as a LangGraph program, trained through the gateway with tree sampling by
 # replay, beside the native environment's team (mas): 3 seeds each, before and after, and the
 # program's runs against the environment's (docs/agent-programs.md).
 reproduce-program: model-plan-path-demos $(REPRO_DATA)  ## the reproduction's shared-policy team as a LangGraph program, against the same team as an environment, 3 seeds
-	$(PY) -m pettingllms_verl.eval.reproduce --methods mas,program --out $(ARTIFACTS)/reproduce_program
+	$(PY) -m pettingllms_verl.eval.reproduce --methods mas,program --seeds 0,1,2 --splits test,confirm --out $(ARTIFACTS)/reproduce_program
 
 # The real model on the same task (make reproduce-real): SmolLM2-135M-Instruct with a LoRA adapter per
 # role, each warm-started by verl's SFT trainer (LoRA) on its role's replies in team episodes of the
@@ -195,7 +197,7 @@ real-warm-start: $(ARTIFACTS)/smollm2_135m_tool_adapter/adapter_config.json $(AR
 # --jobs 1: the trained and swapped evaluations one after the other, each with both cores, so that one
 # rollout server (up to ~7 GB) is in memory at a time
 reproduce-real: real-warm-start $(REPRO_DATA)  ## the real model (SmolLM2-135M, an adapter per role) on the reproduction's task, before and after AT-GRPO
-	$(PY) -m pettingllms_verl.eval.reproduce --methods real --seeds $(REAL_SEEDS) --episodes $(REAL_TEST) --jobs 1 --out $(ARTIFACTS)/reproduce_real \
+	$(PY) -m pettingllms_verl.eval.reproduce --methods real --seeds $(REAL_SEEDS) --splits test,confirm --episodes $(REAL_TEST) --jobs 1 --out $(ARTIFACTS)/reproduce_real \
 	    $(if $(REAL_ARCHIVE),--archive $(REAL_ARCHIVE))
 
 # Each run trains QUICKSTART_STEPS more steps: it resumes from the last checkpoint (resume_mode=auto)

@@ -200,27 +200,35 @@ def team_artifacts(artifacts, warm_model):
     return artifacts
 
 
-def run_team(artifacts, recipe: str, roles: set[str]) -> dict[str, list[dict]]:
-    """Run a 3-step recipe with a batch dump; its training rows by role."""
-    dump = artifacts / f"{recipe}_batches"
-    metrics = run_recipe(artifacts, recipe, f"pettingllms.paths.batch_dump_dir={dump}")
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    by_role = defaultdict(list)
-    for row in dumped_rows(dump):
-        by_role[row["mas_role"]].append(row)
-    assert set(by_role) == roles
-    return by_role
-
-
-def test_math_team_programs_and_answers_are_graded_inside_ray(team_artifacts):
+def test_math_team_programs_and_answers_are_graded_inside_ray_and_its_control_trains_on_rewards_shuffled_within_groups(team_artifacts):
+    """The math team for 3 steps with a batch dump, run as the null-training control
+    (``pettingllms.trainer.null_reward=permute``): each role's replies are graded inside Ray, and
+    each row trains on a reward another reply of its AT-GRPO group earned."""
     from pettingllms_verl.envs.base import PARSE_PENALTY, TOOL_FAILURE_PENALTY
 
-    roles = run_team(team_artifacts, "math_mas_atgrpo_cpu", {"tool", "reasoner"})
+    dump = team_artifacts / "math_control_batches"
+    metrics = run_recipe(team_artifacts, "math_mas_atgrpo_cpu", f"pettingllms.paths.batch_dump_dir={dump}",
+                         "pettingllms.trainer.null_reward=permute")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    rows = dumped_rows(dump)
+    roles = defaultdict(list)
+    for row in rows:
+        roles[row["mas_role"]].append(row)
+    assert set(roles) == {"tool", "reasoner"}
     assert {r["mas_local_reward"] for r in roles["tool"]} <= {1.0, 0.0, TOOL_FAILURE_PENALTY, PARSE_PENALTY}
     assert {r["mas_local_reward"] for r in roles["reasoner"]} <= {1.0, 0.0, PARSE_PENALTY}
     # 0 or 1: the tool's program ran, printed an answer and math-verify (a child process) judged it
     assert any(r["mas_local_reward"] in (0.0, 1.0) for r in roles["tool"])
     assert any(r["mas_local_reward"] in (0.0, 1.0) for r in roles["reasoner"])
+    # the control: a row trains on its group's rewards shuffled (the score its advantage read), not on the one it earned
+    groups = defaultdict(lambda: ([], []))
+    for row in rows:
+        assert row["score"] == pytest.approx(row["mas_reward"])
+        groups[row["group"]][0].append(round(row["mas_reward"], 6))
+        groups[row["group"]][1].append(round(row.get("mas_earned_reward", row["mas_reward"]), 6))
+    assert all(sorted(trained) == sorted(earned) for trained, earned in groups.values())
+    moved = [m["data"]["mas/null_reward/moved_frac"] for m in metrics]
+    assert any(row["mas_reward"] != row.get("mas_earned_reward", row["mas_reward"]) for row in rows) == (max(moved) > 0)
 
 
 def test_a_mas_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(mas_run, artifacts):

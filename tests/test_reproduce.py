@@ -138,7 +138,8 @@ def test_warm_start_names_a_missing_base(tmp_path):
         sft.warm_start(str(tmp_path / "none"), str(tmp_path / "out"))
 
 
-@pytest.mark.parametrize("argv", [["--methods", "sa,bogus"], ["--seeds", "a,b"], ["--seeds", "0,0"], ["--methods", "sa,sa"],
+@pytest.mark.parametrize("argv", [["--primary", "per_role-control"], ["--primary", "per_role-ppo@final"], ["--primary", "per_role-control@confirm"],
+                                  ["--methods", "sa,bogus"], ["--seeds", "a,b"], ["--seeds", "0,0"], ["--methods", "sa,sa"],
                                   ["--episodes", "0"], ["--steps", "0"], ["--jobs", "0"], ["--splits", "test,val"], ["--splits", "test,test"]])
 def test_bad_arguments_stop_before_anything_runs(argv, capsys):
     with pytest.raises(SystemExit):
@@ -148,7 +149,12 @@ def test_bad_arguments_stop_before_anything_runs(argv, capsys):
 
 def test_good_arguments_are_read():
     args = reproduce.parse_args(["--methods", "sa,mas", "--seeds", "3,4"])
-    assert args.methods == ["sa", "mas"] and args.seeds == [3, 4]
+    assert args.methods == ["sa", "mas"] and args.seeds == [3, 4] and args.primary is None  # its arms not asked for: no primary claim
+    default = reproduce.parse_args([])  # `make reproduce`: five methods with the control, five seeds, the claim on the final split
+    assert default.methods == [*reproduce.TINY] and "control" in default.methods and default.seeds == [0, 1, 2, 3, 4]
+    assert default.splits == ["test", "final"] and default.primary == reproduce.PRIMARY
+    named = reproduce.parse_args(["--primary", "mas-sa@test", "--splits", "test"])
+    assert (named.primary["a"], named.primary["b"], named.primary["split"]) == ("mas", "sa", "test")
 
 
 def test_training_runs_go_jobs_at_once_and_a_failed_one_is_reported_while_the_others_go_on(tmp_path, monkeypatch, capsys):

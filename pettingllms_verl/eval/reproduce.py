@@ -10,6 +10,10 @@ noisy demonstrations, and methods with the same steps, replies per step and opti
   turn, agent, tree node) (``plan_path_mas_grpo_by_problem_repro_cpu``): the credit-assignment ablation;
 - ``per_role``: MAS + AT-GRPO, a model per role (``plan_path_mas_full_repro_cpu``), also evaluated
   with the two trained policies swapped;
+- ``control``: its null-training control, the same runs with each reward shuffled within its AT-GRPO
+  group (``plan_path_mas_full_control_repro_cpu``); the primary claim (``PRIMARY``, ``--primary``) is
+  ``per_role`` against it on the final confirmation split, declared into ``primary.json`` before any
+  "after" exists;
 - ``ppo`` (not in the default ``--methods``): MAS + PPO, the shared policy of ``mas`` trained with a
   critic (``algorithm.adv_estimator=gae``) instead of AT-GRPO (``plan_path_mas_ppo_repro_cpu``);
 - ``program`` (not in the default ``--methods``; ``make reproduce-program`` runs it beside ``mas``): the
@@ -24,17 +28,19 @@ Each method trains once per seed through ``main_ppo`` (validating on the val spl
 a run cut short and skips a finished one, when it was made from the same warm start, with the same
 training settings and by the same code; otherwise it trains it again, saying why, the earlier run kept
 aside), ``--jobs`` runs at once. ``pettingllms-eval`` then plays, on each held-out split
-(``--splits``: the development test split and the confirmation split), each method's recipe at its
+(``--splits``: the development test split and the final confirmation split), each method's recipe at its
 warm start ("before", once per training seed, sampling with that seed; kept from an earlier invocation
 only when the package's source, the composed evaluation config, the problems and the warm start are
-the same, else evaluated again with the reason said) and each run's best step on val ("after",
+the same, else evaluated again with the reason said; a team whose policies start apart also
+swapped) and each run's best step on val and its last step ("after",
 sampling with the run's seed; kept likewise when the run's weights are also the same). ``--set`` can start the roles of ``per_role`` apart, e.g. ``--methods
 per_role --set ++pettingllms.policies.plan_policy.overrides.model.path=DIR``. A training run that
 fails is reported as failed (its seed is left out of the method's figures, and said so); the others go
 on. Writes to --out: ``reproduce.md`` and ``reproduce.json`` (per split and method, success before
 and after training per seed and as a mean over seeds with its t interval between runs, the gain over
 the warm start across runs (Welch's t) and paired over problems (bootstrap), the comparisons between
-methods; ``eval/stats.py``), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the
+methods, the primary claim's test and every other p with its Holm adjustment, the swap's difference in
+differences, collapsed runs, each warm start's sha256; ``eval/stats.py``), ``reproduce.png`` (the same as bars), ``learning_curves.png``, the
 evaluations (``before/<split>/s<seed>/``, ``after/<split>/s<seed>/``), the training logs (``logs/``)
 and checkpoints (``checkpoints/``). ``--archive DIR`` keeps what a new machine needs to go on, small
 enough to commit (``eval/archive.py``). ``--report`` writes the table into --out again from the
@@ -113,7 +119,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pettingllms_verl.eval.reproduce", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", default=",".join(TINY), help=f"comma-separated, of {', '.join(METHODS)} (default {','.join(TINY)})")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (data order and sampling; default 0,1,2)")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated training seeds (data order and sampling; default 0,1,2,3,4)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the recipes' trainer.total_training_steps)")
     parser.add_argument("--episodes", type=int, default=None, help="test problems per evaluation (default all)")
     parser.add_argument("--splits", default=",".join(DEFAULT_SPLITS),

@@ -679,13 +679,14 @@ class MASTrainer(PPOTrainerSync):
     def _null_rewards(self, tags: list[dict]) -> dict[str, float]:
         """The null-training control: each row's reward shuffled within its AT-GRPO group (seeded by
         the run's data seed and the step, so a resumed run shuffles as it would have); a failed
-        episode's placeholder row keeps its own. Returns the share of rows whose reward moved."""
+        episode's placeholder row keeps its own. Each row's earned reward stays in ``mas_earned_reward``
+        (the batch dump shows both). Returns the share of rows whose reward moved."""
         rows = [i for i, tag in enumerate(tags) if not tag.get("mas_placeholder")]
         rewards = [tags[i]["mas_reward"] for i in rows]
         rng = np.random.default_rng([int(self.config.data.get("seed") or 0), int(self.global_steps)])
         shuffled = permute_within_groups(rewards, [tags[i]["mas_group"] for i in rows], rng)
         for i, reward in zip(rows, shuffled.tolist()):
-            tags[i]["mas_reward"] = reward
+            tags[i]["mas_earned_reward"], tags[i]["mas_reward"] = tags[i]["mas_reward"], reward
         return {"mas/null_reward/moved_frac": float(np.mean(np.asarray(rewards) != shuffled)) if rows else 0.0}
 
     @staticmethod
