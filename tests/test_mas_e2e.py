@@ -208,7 +208,7 @@ def test_math_team_programs_and_answers_are_graded_inside_ray_and_its_control_tr
 
     dump = team_artifacts / "math_control_batches"
     metrics = run_recipe(team_artifacts, "math_mas_atgrpo_cpu", f"pettingllms.paths.batch_dump_dir={dump}",
-                         "pettingllms.trainer.null_reward=permute")
+                         "++pettingllms.trainer.null_reward=permute")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     rows = dumped_rows(dump)
     roles = defaultdict(list)

@@ -485,6 +485,14 @@ def test_before_is_reused_only_for_the_same_source_config_problems_and_warm_star
     assert "evaluated again: the test split holds other problems (sha256 p1 -> p2)" in capsys.readouterr().out
     assert reproduce.earlier_evaluation(folder, fp(args, seed=1)) is None  # another draw
     assert "seed: 0 -> 1" in capsys.readouterr().out
+    as_trained = reproduce.fingerprint(specs, args, warm(args), 0, "test", "abc", "p1", swap=False)
+    assert reproduce.earlier_evaluation(folder, as_trained) is None  # played swapped then, not now
+    assert "evaluated again: played as trained alone now" in capsys.readouterr().out
+    old = {key: value for key, value in fp(args).items() if key != "swap"}  # a "before" of an earlier version: as trained alone
+    (folder / "fingerprint.json").write_text(json.dumps(old))
+    assert reproduce.earlier_evaluation(folder, as_trained) is not None and reproduce.earlier_evaluation(folder, fp(args)) is None
+    assert "evaluated again: played swapped now" in capsys.readouterr().out
+    (folder / "fingerprint.json").write_text(json.dumps(fp(args)))
     only_sa = reproduce.fingerprint(specs[:1], args, warm(args), 0, "test", "abc", "p1")
     assert reproduce.earlier_evaluation(folder, only_sa) is None  # a run less
     assert "other runs (saved: mas, sa; now: sa)" in capsys.readouterr().out
@@ -846,11 +854,12 @@ def test_the_primary_claim_is_declared_before_any_after_and_tested_against_the_c
     starts = result["warm_starts"]["per_role"]
     assert len(starts["tool_policy"]["sha256"]) == 64 and starts["tool_policy"]["sha256"] == starts["plan_policy"]["sha256"]
     assert result["collapses"]["control"]["2"]["collapsed"] and not result["collapses"]["per_role"]["0"]["collapsed"]
+    assert all(seconds >= 0 for per_seed in result["train_wall_s"].values() for seconds in per_seed.values())  # each run's launches timed
     text = (out / "reproduce.md").read_text()
     assert "**Primary claim** (declared " in text and "**it holds**" in text or "**it does not hold**" in text
     assert "## Final confirmation split (`final`" in text and "At each run's last step (6)" in text and "(Holm " in text
     assert "the same, null-training control (rewards shuffled within groups) 1 of 3 (seed 2: 6 of 6 steps without, 6 in a row)" in text
-    assert "swapped, it is the same team, so before = 0" in text
+    assert "swapped, it is the same team, so before = 0" in text and "Training time per method (" in text
     # once an "after" exists, the claim is not changed, nor dropped; as declared, the rerun goes on
     for other in (["--primary", "per_role-control@test"], ["--primary", "none"]):
         assert reproduce.main([*argv, *other]) == 1

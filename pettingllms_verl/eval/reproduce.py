@@ -290,6 +290,7 @@ def train(method: str, seed: int, steps: int, args: argparse.Namespace, out: Pat
     started = time.perf_counter()
     with open(log_path, "a") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    add_wall_time(checkpoints, time.perf_counter() - started)
     if code != 0:
         why = evaluate.why_it_stopped(log_path)
         stop = next((line for line in why.splitlines() if faults.STOPPED in line), None)  # a fault stop: its reason in the table
@@ -354,6 +355,21 @@ def run_threads(args: argparse.Namespace) -> list[str]:
     wanted = {"OMP_NUM_THREADS": f'++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{share}"',
               "torch_threads": f"++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={share}"}
     return [override for name, override in wanted.items() if not any(name in given for given in args.overrides)]
+
+
+WALL_FILE = "wall_s.json"  # in a run's checkpoints: the seconds each of its main_ppo launches took, failed ones too
+
+
+def add_wall_time(checkpoints: Path, seconds: float) -> None:
+    write_whole(checkpoints / WALL_FILE, json.dumps(launch_times(checkpoints) + [round(seconds, 1)]))
+
+
+def launch_times(checkpoints: Path) -> list[float]:
+    """The seconds of each ``main_ppo`` launch a run took (empty where none was timed, e.g. restored from --archive)."""
+    try:
+        return [float(s) for s in json.loads((checkpoints / WALL_FILE).read_text())]
+    except (OSError, ValueError, TypeError):
+        return []
 
 
 def mark_trained(checkpoints: Path, steps: int) -> None:
@@ -645,16 +661,17 @@ def source_hash() -> str:
 
 
 def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict, seed: int, split: str, source: str, problems: str,
-                trained: dict[str, str | None] | None = None) -> dict:
+                trained: dict[str, str | None] | None = None, swap: bool = True) -> dict:
     """What an evaluation of ``specs`` (``label=recipe[@checkpoints]``) depends on: the package's source
     (``source_hash``), each run's composed config as the evaluation plays it (flat keys, rollout seed and
     ``--set`` included), the problems (split, count, ``problems``: the sha256 of the split's tasks,
     ``check_splits``), each label's warm start (``warm``: label -> ``warm_start``) and, after training,
-    each run's weights (``trained``: label -> ``trained_id``)."""
+    each run's weights (``trained``: label -> ``trained_id``), and whether two-policy runs are also
+    played swapped (``swap``)."""
     recipes = {spec.split("=", 1)[0]: spec.split("=", 1)[1].split("@", 1)[0] for spec in specs}
     return {"source": source, "split": split, "problems": problems, "episodes": args.episodes, "seed": seed,
             "configs": {label: flat_config(recipe, eval_overrides(args, seed), Path(args.recipes)) for label, recipe in recipes.items()},
-            "warm": {label: warm[label] for label in recipes}, "trained": trained}
+            "warm": {label: warm[label] for label in recipes}, "trained": trained, "swap": swap}
 
 
 def fingerprint_changes(saved: dict, now: dict) -> list[str]:
@@ -667,6 +684,9 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
     for key in ("split", "episodes", "seed"):
         if saved.get(key) != now[key]:
             reasons.append(f"{key}: {json.dumps(saved.get(key))} -> {json.dumps(now[key])}")
+    # one that does not say was played swapped after training and not before (as this command played them then)
+    if saved.get("swap", saved.get("trained") is not None) != now["swap"]:
+        reasons.append("played swapped now" if now["swap"] else "played as trained alone now")
     saved_configs = saved.get("configs") or {}
     for label, config in now["configs"].items():
         changed = changed_keys(saved_configs[label], config) if label in saved_configs else ["not in it"]
@@ -1009,6 +1029,10 @@ def markdown(table: list[dict], meta: dict) -> str:
               "per run and a rerun elsewhere compares gains, not levels): "
               + "; ".join(f"{METHODS[method][1]}: " + ", ".join(_warm_text(policy, start) for policy, start in policies.items())
                           for method, policies in meta["warm_starts"].items()) + "."]
+    timed = {m: [t for t in per_seed.values() if t is not None] for m, per_seed in meta.get("train_wall_s", {}).items()}
+    if any(timed.values()):
+        lines += ["", "Training time per method (its runs' main_ppo launches, summed; --jobs at once): " + "; ".join(
+            f"{METHODS[m][1]} {sum(times) / 60:.0f} min over {len(times)} runs" for m, times in timed.items() if times) + "."]
     if meta.get("collapses"):
         lines += ["", f"Collapsed runs ({COLLAPSE_STEPS} training steps in a row or more without a gradient: every group of each "
                   "step gave its replies one reward): " + "; ".join(
@@ -1208,7 +1232,9 @@ def write_table(out: Path, args: argparse.Namespace, before: dict, after: dict, 
     meta = {**meta, "seeds": args.seeds, "splits": args.splits, "episodes": episodes,
             "before_of": {m: source_of for m, source_of in sources.items() if source_of != m}, "comparisons": found, "failed": failed,
             "not_evaluated": not_evaluated, "family": family, "primary_result": next((c for c in found if c["primary"]), None),
-            "collapses": {m: {s: collapses(curve_of[run_label(m, s)]) for s in args.seeds} for m in args.methods}}
+            "collapses": {m: {s: collapses(curve_of[run_label(m, s)]) for s in args.seeds} for m in args.methods},
+            "train_wall_s": {m: {s: sum(t) if (t := launch_times((curves or out) / "checkpoints" / run_label(m, s))) else None
+                                 for s in args.seeds} for m in args.methods}}
     (out / "reproduce.json").write_text(json.dumps({**meta, "rows": public(table)}, indent=1))
     (out / "reproduce.md").write_text(markdown(table, meta))
     drawn = [label for label, curve in curve_of.items() if label not in failed and (label not in not_evaluated or curve.is_file())]
@@ -1266,7 +1292,7 @@ def main(argv: list[str] | None = None) -> int:
         before: dict[str, dict[int, dict]] = {}
         for split in args.splits:
             for seed in args.seeds:
-                fp = fingerprint(before_specs, args, warm, seed, split, source, split_sha256[split])
+                fp = fingerprint(before_specs, args, warm, seed, split, source, split_sha256[split], swap=swap_before)
                 before.setdefault(split, {})[seed] = evaluation(before_specs, args, out / "before" / split / f"s{seed}", seed, split, fp,
                                                                 swap=swap_before)
         failed = train_all(steps, args, out, warm, settings)

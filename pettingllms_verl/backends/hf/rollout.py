@@ -332,10 +332,6 @@ class HFRolloutReplica(RolloutReplica):
         self._server_address = options["name"]  # only a load-balancer key
 
 
-def load_replica_class() -> type[RolloutReplica]:
-    return HFRolloutReplica
-
-
 class HFServerAdapter(BaseRollout):
     """Lives in each trainer worker; pushes weights to this rank's server (rollout rank 0 only)."""
 
