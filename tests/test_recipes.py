@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
-NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_ppo|mas_full|mas_lora|sa_grpo|program)_"
+NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_ppo|mas_full_control|mas_full|mas_lora|sa_grpo|program)_"
                   r"(?P<target>cpu|smollm2_cpu|repro_cpu|smollm2_repro_cpu|vllm_cpu|vision_cpu|vision_vllm_cpu|qwen3_1p7b|qwen3_8b|qwen2p5_vl_3b)$")
 # the tiny model / the real SmolLM2-135M (make real-model) / make reproduce / make reproduce-real / vLLM's CPU build (make test-vllm)
 # / the tiny vision-language model (make model-vl), with the hf rollout / with vLLM's CPU build
@@ -55,7 +55,9 @@ def test_the_hydra_plugin_puts_verl_and_the_recipes_on_every_search_path():
     assert PATHS == ("pkg://verl.trainer.config", "pkg://pettingllms_verl.recipes")
     for path in sorted(RECIPES_DIR.glob("*.yaml")):  # the header lives in base/pettingllms.yaml, once
         text = path.read_text()
-        assert "hydra:" not in text and "\n  - base/pettingllms\n" in text, path.name
+        first = re.search(r"defaults:\n  - (\S+)\n", text)
+        # a recipe starts from base/pettingllms, or from another recipe here that does (the control from its run's)
+        assert "hydra:" not in text and ("\n  - base/pettingllms\n" in text or (first and first[1] in RECIPES)), path.name
 
 
 def test_every_make_command_in_a_recipe_names_a_makefile_target():
@@ -256,7 +258,8 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
     assert (list(settings.group_by) == []) == (parts["mode"] == "mas_grpo_by_problem")
     # program: a team program plays the rows' tasks (agents/), its agents the env's roles here
     assert settings.program.enabled == (parts["mode"] == "program")
-    if parts["mode"] in ("mas_atgrpo", "mas_grpo_by_problem", "mas_ppo", "mas_full", "mas_lora", "program"):
+    assert (settings.trainer.null_reward == "permute") == (parts["mode"] == "mas_full_control")  # the null-training control alone
+    if parts["mode"] in ("mas_atgrpo", "mas_grpo_by_problem", "mas_ppo", "mas_full_control", "mas_full", "mas_lora", "program"):
         # mas_ppo: the same tree, each reply valued by a critic (gae) instead of its group
         estimator = "gae" if parts["mode"] == "mas_ppo" else "at_grpo"
         assert (settings.workflow, settings.rollout_mode, cfg.algorithm.adv_estimator) == ("mas", "tree", estimator)
