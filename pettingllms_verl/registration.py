@@ -91,6 +91,11 @@ def register() -> None:
     if _registered or _own_import_in_progress():
         return
     try:
+        from pettingllms_verl import compat
+
+        said = compat.check_versions()  # outside the verified versions: each seam that moved, in one message
+        if said:
+            logger.warning(said)
         import pettingllms_verl.backends.cpu.platform  # noqa: F401  (registers platform "cpu")
         from pettingllms_verl.backends import vllm_multilora
         from verl.workers.rollout.base import _ROLLOUT_REGISTRY
