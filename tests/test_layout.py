@@ -85,3 +85,37 @@ def test_the_shared_constants_are_defined_once():
     for path in ENVS_DIR.glob("*/*.py"):
         redefined = _module_constants(path) & shared
         assert not redefined, f"{path.relative_to(ENVS_DIR)} defines {sorted(redefined)} again"
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports anywhere in its source (inside functions too: a
+    circle closed by a late import still ties the rooms together)."""
+    root = ENVS_DIR.parents[1]
+    modules = {}
+    for path in (root / "pettingllms_verl").rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = _imports_of(path.read_text(), package)
+        # "from a import b" is a.b where b is a module, else a
+        graph[name] = {target if target in modules else target.rpartition(".")[0] for target in found} & modules.keys() - {name}
+    return graph
+
+
+def test_no_module_of_the_package_imports_one_that_imports_it_back():
+    graph = _package_graph()
+    assert graph["pettingllms_verl.programs.forks"] >= {"pettingllms_verl.programs.runner"}  # the graph is read
+    circles = []
+    for start in graph:  # a path from a module's import back to itself
+        seen, frontier = set(), list(graph[start])
+        while frontier:
+            module = frontier.pop()
+            if module == start:
+                circles.append(start)
+                break
+            if module not in seen:
+                seen.add(module)
+                frontier.extend(graph[module])
+    assert circles == [], f"modules in an import circle: {sorted(circles)}"

@@ -25,6 +25,9 @@ import sys
 import threading
 import traceback
 
+from pettingllms_verl.programs.runner import call
+from pettingllms_verl.targets import load_target
+
 READY_TIMEOUT_S = 120.0  # importing the module (and its framework) in the server
 
 
@@ -80,8 +83,6 @@ class ForkServer:
 
 
 def _child(fn, variables: dict, fds: list[int]) -> None:
-    from pettingllms_verl.programs.runner import call
-
     code = 1
     try:
         os.setsid()
@@ -105,8 +106,6 @@ def _child(fn, variables: dict, fds: list[int]) -> None:
 
 
 def serve(fd: int, target: str) -> None:
-    from pettingllms_verl.targets import load_target
-
     sock = socket.socket(fileno=fd)
     fn = load_target(target)
     try:

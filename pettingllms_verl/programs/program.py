@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from pettingllms_verl.config import ProgramConfig
+from pettingllms_verl.programs.contract import run_variables
 from pettingllms_verl.programs.forks import ForkServer, ForkServerError
 
-TASK_VARIABLE = "PETTINGLLMS_TASK_FILE"  # the path of a JSON file holding the task
 # the directory main_ppo started in (set by the preflight, inherited by Ray's workers): programs
 # run there, so a relative program file or command reads as it did on the command line
 LAUNCH_DIR = "PETTINGLLMS_LAUNCH_DIR"
@@ -177,7 +177,7 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
     with tempfile.NamedTemporaryFile("w", prefix="pettingllms-task-", suffix=".json") as task_file:
         json.dump(task, task_file)  # a file, not the environment: a code problem's tests can outgrow a variable
         task_file.flush()
-        variables = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, TASK_VARIABLE: task_file.name}
+        variables = run_variables(base_url, api_key, task_file.name)
         forked = await _fork(config, variables) if config.target else None
         process = None
         if forked is not None:

@@ -17,7 +17,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from pettingllms_verl.programs.program import TASK_VARIABLE
+from pettingllms_verl.programs.contract import API_KEY_VARIABLE, BASE_URL_VARIABLE, TASK_VARIABLE
 from pettingllms_verl.targets import load_target
 
 
@@ -40,7 +40,7 @@ def call(fn) -> None:
     what it returns as JSON, the last line."""
     with open(os.environ[TASK_VARIABLE]) as f:
         task = json.load(f)
-    client = Client(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"])
+    client = Client(os.environ[BASE_URL_VARIABLE], os.environ[API_KEY_VARIABLE])
     result = fn(task, client)
     if inspect.isawaitable(result):
         result = asyncio.run(result)
