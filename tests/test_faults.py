@@ -20,7 +20,7 @@ from pettingllms_verl.envs.images import draw_grid, image_part
 from pettingllms_verl.envs.plan_path.env import PlanPathEnv
 from pettingllms_verl.rollout import agent_loop
 from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
-from pettingllms_verl.rollout.episode import ERRORS
+from pettingllms_verl.rollout.tags import ERRORS
 from pettingllms_verl.rollout.faults import FaultTally, RunStopped
 from pettingllms_verl.trainer.mas_trainer import episode_metrics
 

@@ -119,3 +119,16 @@ def test_no_module_of_the_package_imports_one_that_imports_it_back():
                 seen.add(module)
                 frontier.extend(graph[module])
     assert circles == [], f"modules in an import circle: {sorted(circles)}"
+
+
+def test_loading_the_plugin_imports_no_environment_gateway_or_team_program_module():
+    """What every verl process pays for the plugin: registration imports the trainer, which reads the
+    rows' names from ``rollout.tags``, not the episode loop with its environments and gateway."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pettingllms_verl.plugin; print(sorted(m for m in sys.modules if m.startswith(("
+            "'pettingllms_verl.envs', 'pettingllms_verl.programs', 'pettingllms_verl.rollout.agent_loop', 'pettingllms_verl.rollout.episode'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"

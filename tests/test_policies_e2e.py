@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pettingllms_verl.eval.reproduce import finished_steps
-from pettingllms_verl.rollout.episode import ERRORS
+from pettingllms_verl.rollout.tags import ERRORS
 
 import launch
 from faulty_env import OVERRIDE as FAULTY

@@ -19,7 +19,8 @@ from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, Run, play_pr
 from pettingllms_verl.programs.gateway import Gateway, GatewayError, parse_request
 from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_slot
 from pettingllms_verl.config import ProgramConfig, SettingsError, load
-from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS, PromptTooLong
+from pettingllms_verl.rollout.episode import PromptTooLong
+from pettingllms_verl.rollout.tags import ERRORS, TRUNCATIONS
 from plan_path_frameworks import AUTOGEN_PYTHON, EXAMPLES  # the example programs' folder, the AutoGen team's Python
 
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "team_programs.py")

@@ -35,7 +35,8 @@ from typing import Any, Awaitable, Callable, Sequence
 from pettingllms_verl.programs.gateway import ChatRequest, Gateway, GatewayError, completion
 from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_program, run_slot
 from pettingllms_verl.config import ProgramConfig
-from pettingllms_verl.rollout.episode import ERRORS, EngineDead, Episode, PromptTooLong, Sample, best_branch
+from pettingllms_verl.rollout.episode import EngineDead, Episode, PromptTooLong, Sample, best_branch
+from pettingllms_verl.rollout.tags import ERRORS
 from pettingllms_verl.targets import load_target
 
 DIVERGED_NODE = "x"  # the node of a diverged replay's calls: trained as an independent run's

@@ -31,11 +31,11 @@ from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
 from pettingllms_verl.envs.images import chat_inputs, data_uri
 from pettingllms_verl.rollout.episode import EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
 from pettingllms_verl.rollout.faults import TRACEBACK_CHARS
+from pettingllms_verl.rollout.tags import SWAPPED_KWARG
 from pettingllms_verl.targets import load_target
 
 logger = logging.getLogger(__name__)
 VALIDATE_KWARG = "pettingllms_validate"  # injected by MASAgentLoopWorker: verl passes no such flag to run()
-SWAPPED_KWARG = "pettingllms_swapped"  # a column of the trainer's swapped-policy validation pass
 _logged_causes: set[str] = set()  # each cause's first traceback is logged once per process
 
 

@@ -33,15 +33,6 @@ from pettingllms_verl.envs.base import IGNORED, SANDBOX_RUNS, Env, StepResult
 from pettingllms_verl.envs.images import message_images
 from pettingllms_verl.envs.text import Messages
 
-# Why an episode ended: None = the environment finished it.
-# out of turns | a prompt over the rollout's prompt budget | a team program stopped at its call or time
-# limit, rewarded pettingllms.program.limit_reward
-TRUNCATIONS = ("max_turns", "prompt_overflow", "program_limit")
-# the engine failed a request | the environment raised | the engine's server is dead (the run stops);
-# a team program (programs/) raised or printed no reward | ran past its time limit | made no model
-# call | made more calls than allowed
-ERRORS = ("engine_error", "env_error", "engine_dead", "program_error", "program_timeout", "program_no_call", "program_call_limit")
-
 # (role, prompt ids, n) -> n (token ids, log-probs) replies, sampled independently; a prompt with
 # images (PIL, in the order of its image tokens) is also given them, as the keyword images
 Generate = Callable[..., Awaitable[list[tuple[list[int], list[float]]]]]
@@ -99,7 +90,7 @@ class _Ended(Exception):
 class Episode:
     samples: list[Sample] = field(default_factory=list)
     success: bool = False
-    end_cause: str | None = None  # None (the env finished), or one of TRUNCATIONS / ERRORS
+    end_cause: str | None = None  # None (the env finished), or one of rollout.tags' TRUNCATIONS / ERRORS
     error: BaseException | None = None  # what ended it, for an ERRORS, prompt_overflow or program_limit end
     turns: int = 0
     final_global_reward: float = 0.0

@@ -58,8 +58,7 @@ from pettingllms_verl.algo import AT_GRPO, group_stats, permute_within_groups, z
 from pettingllms_verl.config import (ADAPTER_GROUP, CRITICS_DIR, NULL_REWARD_PERMUTE, POLICIES_DIR, ROW_TEMPERATURE, SECTION, VAL_METRICS, load,
                                      policy_config)
 from pettingllms_verl.files import write_whole
-from pettingllms_verl.rollout.agent_loop import SWAPPED_KWARG
-from pettingllms_verl.rollout.episode import ERRORS, TRUNCATIONS
+from pettingllms_verl.rollout.tags import ERRORS, SWAPPED_KWARG, TRUNCATIONS
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
 from pettingllms_verl.trainer.critic import ValueModelWorker
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
