@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 import ray
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.utils.tokenizer.tokenizer import get_processor_token_id
 
 from pettingllms_verl import envs
@@ -27,7 +27,7 @@ from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, assistant_re
 from pettingllms_verl.programs.gateway import ChatRequest, gateway
 from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
-from pettingllms_verl.data.rows import row_task
+from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
 from pettingllms_verl.envs.images import chat_inputs, data_uri
 from pettingllms_verl.rollout.episode import EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
 from pettingllms_verl.rollout.faults import TRACEBACK_CHARS
@@ -59,10 +59,8 @@ def group_key(uid: str, session_id: int, sample: Sample, settings: PettingLLMsCo
     return "|".join([uid, *(parts[name] for name in settings.group_by)])
 
 
+@register(EPISODE_AGENT)
 class EpisodeAgentLoop(AgentLoopBase):
-    """The rows' agent loop (``data.rows.EPISODE_AGENT``), registered by dotted name in ``registration``
-    so that only the workers that run it import this module."""
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.settings = load(self.config.get("pettingllms"))
