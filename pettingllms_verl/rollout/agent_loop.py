@@ -59,6 +59,9 @@ def group_key(uid: str, session_id: int, sample: Sample, settings: PettingLLMsCo
     return "|".join([uid, *(parts[name] for name in settings.group_by)])
 
 
+# Registered here as well as by dotted name in registration.register(): a worker whose first verl import
+# happens inside this package's own import (Ray unpickling rollout/worker.py) has register() skip itself
+# (registration._own_import_in_progress), and this is then what registers the loop in that process.
 @register(EPISODE_AGENT)
 class EpisodeAgentLoop(AgentLoopBase):
     def __init__(self, *args, **kwargs):
