@@ -156,8 +156,11 @@ REPRO_DATA := $(addprefix $(ARTIFACTS)/data/plan_path_4x4_short/,train.parquet c
 
 model-plan-path-demos: $(ARTIFACTS)/tiny_model_plan_path_team/config.json  ## the reproduction's warm start (both SFT stages)
 
+# REPRO_ARCHIVE=DIR: the finished evaluations and the primary claim's declaration kept there as they finish
+# (eval/archive.py), so that a run cut short goes on elsewhere from the same commit (docs/reproduce/archive)
+REPRO_ARCHIVE ?=
 reproduce: model-plan-path-demos $(REPRO_DATA)  ## MAS + AT-GRPO against SA + GRPO, problem-keyed GRPO and a null-training control on Plan-Path 4x4, 5 seeds, before and after
-	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce
+	$(PY) -m pettingllms_verl.eval.reproduce --out $(ARTIFACTS)/reproduce $(if $(REPRO_ARCHIVE),--archive $(REPRO_ARCHIVE))
 
 # MAS + PPO on the same task and warm start: the shared policy trained with a critic (gae) instead of
 # AT-GRPO, 3 seeds, before and after (reported on its own; docs/reproduction.md).

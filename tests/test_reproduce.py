@@ -972,3 +972,18 @@ def test_holm_adjusts_a_family_of_tests_step_down_and_leaves_untested_ones_out()
     assert stats.holm([0.01, 0.04, 0.03, None, 0.005]) == pytest.approx([0.03, 0.06, 0.06, None, 0.02])
     assert stats.holm([0.6, 0.5]) == pytest.approx([1.0, 1.0]) and stats.holm([]) == []
     assert stats.longest_run([True, True, False, True, True, True, False]) == 3 and stats.longest_run([]) == 0
+
+
+def test_the_primary_claim_travels_with_the_archive_and_a_new_machine_cannot_declare_another(tmp_path, monkeypatch, capsys):
+    stand_ins(tmp_path, monkeypatch)
+    out, kept = tmp_path / "out", tmp_path / "archive"
+    argv = ["--methods", "per_role,control", "--seeds", "0,1", "--steps", "2", "--out", str(out), "--archive", str(kept), "--jobs", "1"]
+    assert reproduce.main(argv) == 0
+    declared = json.loads((kept / "primary.json").read_text())
+    assert declared == json.loads((out / "primary.json").read_text()) and declared["claim"] == reproduce.PRIMARY
+    shutil.rmtree(out)  # a new machine: the archive alone
+    assert reproduce.main([*argv, "--primary", "per_role-control@test", "--splits", "test"]) == 1
+    assert f"evaluations after training exist ({kept}/after/" in capsys.readouterr().err
+    assert reproduce.main(argv) == 0  # as declared: the declaration read back from the archive, its date kept
+    assert json.loads((out / "primary.json").read_text()) == declared
+    assert json.loads((out / "reproduce.json").read_text())["primary"]["declared_at"] == declared["declared_at"]

@@ -619,18 +619,29 @@ def last_step(checkpoints: Path, steps: int) -> Path | None:
 
 def declare_primary(out: Path, args: argparse.Namespace, source: str) -> dict | None:
     """The primary claim (``args.primary``) as declared in ``out/primary.json``: written now, before any
-    evaluation after training exists, and read back as it was on a later invocation. Declaring one, or
-    another, once an "after" exists is refused, naming those evaluations; so is dropping a declared one."""
+    evaluation after training exists, and read back as it was on a later invocation (from ``--archive``
+    on a new machine: the declaration travels with the evaluations). Declaring one, or another, once an
+    "after" exists here or in the archive is refused, naming those evaluations; so is dropping a declared one."""
     path = out / PRIMARY_FILE
-    try:
-        saved = json.loads(path.read_text())
-    except FileNotFoundError:
-        saved = None
-    except ValueError as error:
-        raise ReproduceError(f"{path}: unreadable ({error}); it declares this folder's primary claim: restore it, or use another --out") from None
+    kept = Path(args.archive) / PRIMARY_FILE if args.archive else None
+    saved = None
+    for where in (path, kept):
+        try:
+            saved = json.loads(where.read_text()) if where is not None else None
+        except FileNotFoundError:
+            continue
+        except ValueError as error:
+            raise ReproduceError(f"{where}: unreadable ({error}); it declares this folder's primary claim: restore it, or use another --out") from None
+        break
+    if saved is not None and kept is not None:  # each place holds the declaration its evaluations were made under
+        for where in (path, kept):
+            if not where.is_file():
+                where.parent.mkdir(parents=True, exist_ok=True)
+                write_whole(where, json.dumps(saved, indent=1))
     if (saved or {}).get("claim") == args.primary and (saved or args.primary is None):
         return saved
-    afters = sorted(str(p.parent) for p in out.glob("after/*/*/results.json"))
+    afters = sorted(str(p.parent) for folder in (out, *([Path(args.archive)] if args.archive else []))
+                    for p in folder.glob("after/*/*/results.json"))
     if afters:
         what = (f"declare the primary claim {args.primary['a']}-{args.primary['b']}@{args.primary['split']}" if args.primary
                 else "go on without a primary claim")
@@ -639,7 +650,9 @@ def declare_primary(out: Path, args: argparse.Namespace, source: str) -> dict | 
                              f"{f' and {len(afters) - 3} more' if len(afters) > 3 else ''}); a primary claim is declared before "
                              f"any \"after\": give --primary as declared, or use another --out")
     if args.primary is None:
-        path.unlink(missing_ok=True)
+        for where in (path, kept):
+            if where is not None:
+                where.unlink(missing_ok=True)
         return None
     declared = {"claim": args.primary, "declared_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "methods": args.methods,
                 "seeds": args.seeds, "splits": args.splits, "source_sha256": source}
