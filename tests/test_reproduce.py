@@ -153,6 +153,8 @@ def test_good_arguments_are_read():
     default = reproduce.parse_args([])  # `make reproduce`: five methods with the control, five seeds, the claim on the final split
     assert default.methods == [*reproduce.TINY] and "control" in default.methods and default.seeds == [0, 1, 2, 3, 4]
     assert default.splits == ["test", "final"] and default.primary == reproduce.PRIMARY
+    with pytest.raises(SystemExit):
+        reproduce.parse_args(["--primary", "mas-mas@test", "--splits", "test"])
     named = reproduce.parse_args(["--primary", "mas-sa@test", "--splits", "test"])
     assert (named.primary["a"], named.primary["b"], named.primary["split"]) == ("mas", "sa", "test")
 
@@ -860,6 +862,10 @@ def test_the_primary_claim_is_declared_before_any_after_and_tested_against_the_c
     assert "## Final confirmation split (`final`" in text and "At each run's last step (6)" in text and "(Holm " in text
     assert "the same, null-training control (rewards shuffled within groups) 1 of 3 (seed 2: 6 of 6 steps without, 6 in a row)" in text
     assert "swapped, it is the same team, so before = 0" in text and "Training time per method (" in text
+    assert "(untrained, a control is the team it controls for)" in text
+    assert reproduce.main([*argv, "--report"]) == 0  # the same table from the saved evaluations: the control's before is per_role's
+    again = json.loads((out / "reproduce.json").read_text())
+    assert again["rows"] == result["rows"] and again["primary_result"] == result["primary_result"]
     # once an "after" exists, the claim is not changed, nor dropped; as declared, the rerun goes on
     for other in (["--primary", "per_role-control@test"], ["--primary", "none"]):
         assert reproduce.main([*argv, *other]) == 1
@@ -923,7 +929,7 @@ def test_an_archive_carries_finished_evaluations_and_adapter_runs_to_a_new_machi
     assert reproduce.main(argv) == 0 and launched == ["real_s0"] and len(evaluations) == 4
     first = json.loads((out / "reproduce.json").read_text())
     run = kept / "checkpoints" / "real_s0"
-    assert sorted(p.name for p in run.iterdir()) == sorted([*archive.RUN_RECORDS, "curve.jsonl", "global_step_1", "global_step_2"])  # best on val, last
+    assert sorted(p.name for p in run.iterdir()) == sorted([*archive.RUN_RECORDS, archive.WALL_FILE, "curve.jsonl", "global_step_1", "global_step_2"])  # best, last
     assert sorted(str(p.relative_to(run / "global_step_1")) for p in (run / "global_step_1").rglob("*") if p.is_file()) == [
         "policies/lora/lora_adapters/plan_adapter/adapter_model.safetensors", "policies/lora/lora_adapters/tool_adapter/adapter_model.safetensors",
         "val_metrics.json"]  # not verl's checkpoint

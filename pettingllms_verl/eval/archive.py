@@ -31,6 +31,8 @@ from pettingllms_verl.files import write_whole
 OUTCOME_KEYS = ("run", "swapped", "seed", "success")  # of an episode: what reproduce.read_evaluation reads
 EVALUATION_FILES = ("results.json", "fingerprint.json")  # fingerprint.json last: an evaluation is whole once it is there
 RUN_RECORDS = ("warm_start.json", "settings.json", "source.json", "trained.json", "latest_checkpointed_iteration.txt")
+WALL_FILE = "wall_s.json"  # in a run's checkpoints: the seconds each of its main_ppo launches took, failed ones too
+OPTIONAL_RECORDS = (WALL_FILE,)  # kept where a run has them
 
 
 def keep_evaluation(folder: Path, out: Path, archive: Path) -> None:
@@ -70,6 +72,9 @@ def keep_run(checkpoints: Path, played: list[Path], curve: Path, out: Path, arch
             shutil.copy2(step / VAL_METRICS, kept_step / VAL_METRICS)
     for name in RUN_RECORDS:
         shutil.copy2(checkpoints / name, staging / name)
+    for name in OPTIONAL_RECORDS:
+        if (checkpoints / name).is_file():
+            shutil.copy2(checkpoints / name, staging / name)
     if curve.is_file():
         shutil.copy2(curve, staging / "curve.jsonl")
     _publish(staging, kept)

@@ -181,6 +181,8 @@ def primary_claim(spec: str, methods: list[str], splits: list[str]) -> dict | No
     a, _, b = pair.partition("-")
     if not (a and b and split):
         raise ValueError("write it as A-B@SPLIT (e.g. per_role-control@final), or none")
+    if a == b:
+        raise ValueError(f"{a} against itself: name two methods")
     missing = [name for name in (a, b) if name not in methods] + ([split] if split not in splits else [])
     if missing:
         raise ValueError(f"{', '.join(missing)} not among --methods {','.join(methods)} / --splits {','.join(splits)}")
@@ -339,7 +341,7 @@ def keep_run(checkpoints: Path, label: str, args: argparse.Namespace, out: Path)
         evaluate.say(f"[train {label}] not kept in {args.archive}: {error}")
         return
     last = checkpoints / f"global_step_{finished_steps(checkpoints)}"
-    played = [best, *([last] if last != best and last.is_dir() else [])]
+    played = [best, *([last] if last.name != best.name and last.is_dir() else [])]
     if archive.keep_run(checkpoints, played, out / "logs" / f"{label}.jsonl", out, Path(args.archive)):
         evaluate.say(f"[train {label}] kept in {args.archive}: its records and the adapters of {', '.join(step.name for step in played)}")
     else:
@@ -357,17 +359,14 @@ def run_threads(args: argparse.Namespace) -> list[str]:
     return [override for name, override in wanted.items() if not any(name in given for given in args.overrides)]
 
 
-WALL_FILE = "wall_s.json"  # in a run's checkpoints: the seconds each of its main_ppo launches took, failed ones too
-
-
 def add_wall_time(checkpoints: Path, seconds: float) -> None:
-    write_whole(checkpoints / WALL_FILE, json.dumps(launch_times(checkpoints) + [round(seconds, 1)]))
+    write_whole(checkpoints / archive.WALL_FILE, json.dumps(launch_times(checkpoints) + [round(seconds, 1)]))
 
 
 def launch_times(checkpoints: Path) -> list[float]:
     """The seconds of each ``main_ppo`` launch a run took (empty where none was timed, e.g. restored from --archive)."""
     try:
-        return [float(s) for s in json.loads((checkpoints / WALL_FILE).read_text())]
+        return [float(s) for s in json.loads((checkpoints / archive.WALL_FILE).read_text())]
     except (OSError, ValueError, TypeError):
         return []
 
@@ -901,7 +900,8 @@ def secondary_tests(table: list[dict], found: list[dict]) -> list[dict]:
     hold its ``p``: each method's gain over its warm start (best step and last), each swap's effect and
     each comparison between methods. They form the family Holm's adjustment is made over."""
     family = [part[key] for row in table for part in row["splits"].values()
-              for key in ("gain", "gain_last", "swap_effect") if part.get(key)]
+              for key in ("gain", "gain_last", "swap_effect") if part.get(key)
+              and not (key == "gain_last" and part["after_last_per_seed"] == part["after_per_seed"])]  # every run's last step its best: one test
     return family + [c["seeds"] for c in found if c["seeds"] and not c["primary"]]
 
 
@@ -918,7 +918,8 @@ def collapses(curve: Path) -> dict | None:
     reward), from its curve: how many, the longest streak, and whether it reaches ``COLLAPSE_STEPS``."""
     try:
         steps = [json.loads(line) for line in curve.read_text().splitlines() if line.strip()]
-        flat = [float(step["data"]["actor/grad_norm"]) == 0.0 for step in sorted(steps, key=lambda step: step["step"])]
+        flat = [float(step["data"]["actor/grad_norm"]) == 0.0 for step in sorted(steps, key=lambda step: step["step"])
+                if "actor/grad_norm" in step.get("data", {})]  # a validation-only record has none
     except (OSError, ValueError, KeyError, TypeError):
         return None
     streak = stats.longest_run(flat)
@@ -1049,12 +1050,14 @@ def markdown(table: list[dict], meta: dict) -> str:
     if meta.get("collapses"):
         lines += ["", f"Collapsed runs ({COLLAPSE_STEPS} training steps in a row or more without a gradient: every group of each "
                   "step gave its replies one reward): " + "; ".join(
-                      f"{METHODS[method][1]} {sum(bool(c and c['collapsed']) for c in runs_.values())} of {len(runs_)}"
+                      f"{METHODS[method][1]} {sum(bool(c and c['collapsed']) for c in runs_.values())} of {sum(c is not None for c in runs_.values())}"
                       + "".join(f" (seed {seed}: {c['without_gradient']} of {c['steps']} steps without, {c['longest']} in a row)"
                                 for seed, c in runs_.items() if c and c["collapsed"])
                       for method, runs_ in meta["collapses"].items()) + "."]
     for method, source in meta.get("before_of", {}).items():
-        lines += ["", f"Before training, {METHODS[method][1]} is the team of {METHODS[source][1]} (every role from the same model): "
+        why = ("untrained, a control is the team it controls for" if method in CONTROL_OF
+               else "every role from the same model")
+        lines += ["", f"Before training, {METHODS[method][1]} is the team of {METHODS[source][1]} ({why}): "
                   "one evaluation stands for both."]
     for row in table:
         for seed, why in sorted({**row["failed_seeds"], **row["not_evaluated_seeds"]}.items()):
@@ -1182,7 +1185,7 @@ def saved_evaluations(args: argparse.Namespace, saved: Path) -> tuple[dict, dict
         warm.update(fp.get("warm") or {})
     sources = {}
     for method in args.methods:
-        played = [m for m in (method, "mas") if m in warm]
+        played = [m for m in (method, *([CONTROL_OF[method]] if method in CONTROL_OF else []), "mas") if m in warm]
         if not played:
             raise ReproduceError(f"{saved}/before: no evaluation of {method} (nor of the shared team) before training")
         sources[method] = played[0]

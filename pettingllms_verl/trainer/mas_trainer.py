@@ -644,7 +644,7 @@ class MASTrainer(PPOTrainerSync):
         regrouped = own or any(tag.get("mas_placeholder") for tag in tags)
         if own:
             if self.settings.trainer.null_reward == NULL_REWARD_PERMUTE:
-                metrics.update(self._null_rewards(tags))
+                metrics.update(self._null_rewards(real, tags))
             self._own_rewards_and_groups(batch, real, rows["rm_scores"], tags)
         elif regrouped:
             self._placeholders_apart(batch, real, tags)
@@ -675,12 +675,14 @@ class MASTrainer(PPOTrainerSync):
             self._dump_batch(self.settings.paths.batch_dump_dir, batch, real, index, scores, tags)
         return batch
 
-    def _null_rewards(self, tags: list[dict]) -> dict[str, float]:
-        """The null-training control: each row's reward shuffled within its AT-GRPO group (seeded by
-        the run's data seed and the step, so a resumed run shuffles as it would have); a failed
-        episode's placeholder row keeps its own. Each row's earned reward stays in ``mas_earned_reward``
-        (the batch dump shows both). Returns the share of rows whose reward moved."""
-        rows = [i for i, tag in enumerate(tags) if not tag.get("mas_placeholder")]
+    def _null_rewards(self, keys: list[str], tags: list[dict]) -> dict[str, float]:
+        """The null-training control: each row's reward shuffled within its AT-GRPO group, seeded by
+        the run's data seed and the step, over the rows in an order of their own (group, node, branch,
+        turn, role, row key: not the order episodes finished in), so a resumed run shuffles as it would
+        have; a failed episode's placeholder row keeps its own. Each row's earned reward stays in
+        ``mas_earned_reward`` (the batch dump shows both). Returns the share of rows whose reward moved."""
+        order = lambda i: tuple(str(tags[i].get(f"mas_{part}")) for part in ("group", "node", "branch", "turn", "role")) + (keys[i],)  # noqa: E731
+        rows = sorted((i for i, tag in enumerate(tags) if not tag.get("mas_placeholder")), key=order)
         rewards = [tags[i]["mas_reward"] for i in rows]
         rng = np.random.default_rng([int(self.config.data.get("seed") or 0), int(self.global_steps)])
         shuffled = permute_within_groups(rewards, [tags[i]["mas_group"] for i in rows], rng)
