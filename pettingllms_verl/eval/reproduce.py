@@ -340,8 +340,7 @@ def keep_run(checkpoints: Path, label: str, args: argparse.Namespace, out: Path)
     except runs.EvalError as error:
         evaluate.say(f"[train {label}] not kept in {args.archive}: {error}")
         return
-    last = checkpoints / f"global_step_{finished_steps(checkpoints)}"
-    played = [best, *([last] if last.name != best.name and last.is_dir() else [])]
+    played = [best, *filter(None, [last_step(checkpoints, finished_steps(checkpoints))])]
     if archive.keep_run(checkpoints, played, out / "logs" / f"{label}.jsonl", out, Path(args.archive)):
         evaluate.say(f"[train {label}] kept in {args.archive}: its records and the adapters of {', '.join(step.name for step in played)}")
     else:
