@@ -69,6 +69,14 @@ SEAMS: tuple[Seam, ...] = (
     Seam(_TRAINER + "_validate", (), "trainer/mas_trainer.py", "validation as trained and swapped (no public hook returns metrics)"),
     Seam(_TRAINER + "on_sample_begin", (), "trainer/mas_trainer.py", _STEP),
     Seam("verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync.on_sample_end", (), "trainer/mas_trainer.py", _STEP),
+    Seam("verl.trainer.ppo.v1.trainer_base:_count_tq_prompt_groups", ("partition_id",), "trainer/mas_trainer.py",
+         "an asynchronous run resumed from a checkpoint per policy counts its restored episodes as verl's own load does"),
+    # verl's colocate_async schedule, its hooks taken as they are (trainer/mas_async.py): their bodies call
+    # checkpoint_manager.{update_weights, abort_replicas, sleep_replicas, resume_generation_replicas}, which
+    # MultiCheckpointManager provides over every policy
+    *(Seam(f"verl.trainer.ppo.v1.trainer_colocate_async:PPOTrainerColocateAsync.{hook}", (), "trainer/mas_async.py",
+           "verl's colocate_async hooks over every policy's replicas (the trainer's base is the sync one)")
+      for hook in ("on_init_end", "on_train_begin", "on_sample_end", "on_step_end")),
     Seam("verl.trainer.ppo.v1.replay_buffer:ReplayBuffer.sample", ("global_steps", "partition_id", "batch_size"), "trainer/mas_trainer.py",
          "faults counted per step before a batch is taken"),
     Seam("verl.trainer.ppo.v1.replay_buffer:ReplayBuffer._wait_for_next_poll", ("partition_id", "last_debug_time"), "trainer/mas_trainer.py",

@@ -49,6 +49,9 @@ ADAPTERS_KEY = "pettingllms_adapters"
 # L1, and each full model of L2 when the run asks for `vllm` (verl names vLLM server actors by
 # replica rank alone, so two groups' replicas would take the same names).
 VLLM_PER_POLICY = "vllm_multilora"
+# The plugin's trainers (trainer.v1.trainer_mode) -> the verl schedule each runs: verl's own checks
+# (replay buffer, refill, checkpointed in-flight episodes) and its trainer.v1.<mode> section read that.
+TRAINER_MODES = {"mas_sync": "sync", "mas_colocate_async": "colocate_async"}
 # the checkpoint layout of the mas_sync trainer (read by the evaluation)
 POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per worker group
 EXPORT_DIR = "lora_adapters"  # global_step_N/policies/lora/lora_adapters/<name>/: each adapter in peft format, servable alone

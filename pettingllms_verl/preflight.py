@@ -15,6 +15,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from pettingllms_verl import artifacts, memory
+from pettingllms_verl.config import TRAINER_MODES
 
 
 class ConfigError(ValueError):
@@ -256,8 +257,24 @@ def _check_policies(config: DictConfig) -> None:
             "actor_rollout_ref.actor.checkpoint.async_save", "asynchronous saves with several policies: the "
             "tracker file could name a step whose policies are still being written", "set it to false",
         )
-    if len(table) > 1 and _select(config, "trainer.v1.trainer_mode") != "mas_sync":
-        raise ConfigError("trainer.v1.trainer_mode", f"{len(table)} policies need the multi-policy trainer", "set trainer.v1.trainer_mode=mas_sync")
+    if len(table) > 1 and _select(config, "trainer.v1.trainer_mode") not in TRAINER_MODES:
+        raise ConfigError("trainer.v1.trainer_mode", f"{len(table)} policies need the multi-policy trainer",
+                          f"set trainer.v1.trainer_mode to one of {', '.join(TRAINER_MODES)}")
+
+
+def _check_trainer_mode(config: DictConfig) -> None:
+    """verl's asynchronous modes asked for by their verl names, or one the plugin does not run: the
+    multi-agent rows need the plugin's trainer of that mode (docs/async.md)."""
+    mode = _select(config, "trainer.v1.trainer_mode")
+    if mode in ("colocate_async", "separate_async"):
+        raise ConfigError("trainer.v1.trainer_mode", f"{mode!r} is verl's trainer of one policy over single-agent rows",
+                          f"set trainer.v1.trainer_mode=mas_{mode} (the same schedule over the team's policies)")
+    if mode == "mas_separate_async":
+        raise ConfigError("trainer.v1.trainer_mode", "mas_separate_async is not available: verl's separate_async pushes "
+                          "weights to a rollout pool of its own over nccl/nixl/mooncake, which a CPU run has no "
+                          "backend for, and the plugin does not yet push each policy's weights that way",
+                          "use trainer.v1.trainer_mode=mas_colocate_async (rollout never waits for the slowest episode) "
+                          "or mas_sync")
 
 
 def _check_image_roles(config: DictConfig, settings: Any, roles: list[str]) -> None:
@@ -599,11 +616,11 @@ def _check_one_temperature(config: DictConfig, mas: bool, views: list[tuple[str 
 
 def _check_agreement(config: DictConfig) -> None:
     """Settings that each look fine but disagree with another one (silently wrong training)."""
-    mas = _select(config, "trainer.v1.trainer_mode") == "mas_sync"
+    mas = _select(config, "trainer.v1.trainer_mode") in TRAINER_MODES
     if _select(config, "algorithm.adv_estimator") == "at_grpo" and not mas:
         raise ConfigError(
             "algorithm.adv_estimator", "at_grpo outside the mas_sync trainer would train every row on its "
-            "episode's final reward, grouped by problem", "set trainer.v1.trainer_mode=mas_sync",
+            "episode's final reward, grouped by problem", "set trainer.v1.trainer_mode=mas_sync (or mas_colocate_async)",
         )
     if mas:
         manager = _select(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class")
@@ -856,6 +873,7 @@ def check(config: DictConfig) -> None:
                     + f", or set {key}=<parquet path>",
                 )
     if _select(config, "pettingllms") is not None:
+        _check_trainer_mode(config)
         _check_policies(config)
     for key, names in _registered_names().items():
         _check_registered(config, key, names)

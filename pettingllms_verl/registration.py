@@ -46,15 +46,14 @@ def _check() -> list[str]:
 
     from pettingllms_verl.backends import vllm_multilora
     from pettingllms_verl.data.rows import EPISODE_AGENT
-    from pettingllms_verl.trainer.mas_trainer import TRAINER_MODE
+    from pettingllms_verl.config import TRAINER_MODES
 
     missing = []
     if "at_grpo" not in ADV_ESTIMATOR_REGISTRY:
         missing.append("advantage estimator 'at_grpo'")
     if _agent_loop_registry.get(EPISODE_AGENT, {}).get("_target_") != _EPISODE_LOOP:
         missing.append(f"agent loop '{EPISODE_AGENT}'")
-    if TRAINER_MODE not in TRAINER_REGISTRY:
-        missing.append(f"V1 trainer '{TRAINER_MODE}'")
+    missing.extend(f"V1 trainer '{mode}'" for mode in TRAINER_MODES if mode not in TRAINER_REGISTRY)
     if PlatformRegistry.get("cpu") is None:
         missing.append("verl platform 'cpu'")
     if "hf" not in RolloutReplicaRegistry._registry:
@@ -106,7 +105,7 @@ def register() -> None:
         vllm_multilora.register()
         _register_cpu_engines()
         import pettingllms_verl.algo  # noqa: F401  (registers advantage estimator "at_grpo")
-        import pettingllms_verl.trainer.mas_trainer  # noqa: F401  (registers V1 trainer "mas_sync")
+        import pettingllms_verl.trainer.mas_async  # noqa: F401  (registers V1 trainers "mas_sync", "mas_colocate_async")
         from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
         from pettingllms_verl.data.rows import EPISODE_AGENT

@@ -339,3 +339,35 @@ def test_each_row_carries_the_temperature_its_reply_is_trained_at(tokenizer):
     assert {(o.extra_fields["mas_role"], o.extra_fields["mas_temperature"]) for o in outputs} == {("plan", 0.5), ("tool", 1.0)}
     outputs = play(tokenizer, ScriptedServer(tokenizer), fault="step", fault_turn=9)
     assert {o.extra_fields["mas_temperature"] for o in outputs} == {1.0}
+
+
+class PushedServer(ScriptedServer):
+    """Answers at weight version 3 until the ``push_at``-th request, then at 4: a weight push that
+    lands between two branches of one tree node, as an asynchronous trainer's can."""
+
+    def __init__(self, tokenizer, push_at: int):
+        super().__init__(tokenizer)
+        self.push_at = push_at
+
+    async def generate(self, request_id, prompt_ids, sampling_params, policy=None):
+        out = await super().generate(request_id, prompt_ids, sampling_params, policy)
+        out.extra_fields["global_steps"] = 3 if self.calls < self.push_at else 4
+        return out
+
+
+def test_a_tree_node_split_by_a_weight_push_is_sampled_again_so_its_branches_share_one_version(tokenizer):
+    """K = 2: the first node's first branch answers at version 3, its second at 4. The node is
+    sampled again (both branches at 4) and counted; every row records its role's versions, which
+    set verl's per-row staleness fields."""
+    server = PushedServer(tokenizer, push_at=2)
+    outputs = play(tokenizer, server, fault="none", fault_turn=0)
+    assert server.calls == 4 * ROLES_PER_TURN * K + K  # every node once, the split one twice
+    end = end_of(outputs)
+    assert end["mas_resampled_nodes"] == 1 and episode_metrics([end])["mas/resampled_nodes"] == 1.0
+    for out in outputs:
+        tags = out.extra_fields
+        assert tags["mas_weight_versions"] == [4]  # the discarded branch's version 3 is nowhere
+        assert tags["min_global_steps"] == tags["max_global_steps"] == 4
+
+    unsplit = play(tokenizer, ScriptedServer(tokenizer), fault="none", fault_turn=0)
+    assert end_of(unsplit)["mas_resampled_nodes"] == 0

@@ -4,6 +4,7 @@ trainer-side adapter that pushes updated weights to it."""
 import asyncio
 import contextlib
 import os
+import threading
 
 import pytest
 import ray
@@ -328,3 +329,43 @@ def test_requests_with_different_adapters_share_one_engine_call(server, chat_ids
         reference.set_adapter(adapter)
         expected = reference_log_probs(reference, prompt, out.token_ids)
         torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-4, rtol=0)
+
+
+def test_abort_pauses_generation_until_resume_and_never_swaps_weights_under_a_running_call(rollout_config, tiny_model_dir, chat_ids):
+    """verl's asynchronous trainers pause every replica before a weight push: a request waiting for
+    the next engine call, and one that comes while paused, ends "aborted" with no tokens and no
+    version (verl's client asks again after resume_generation); the call under way finishes first,
+    and abort returns only after it (so no weights change under it)."""
+    server = HFRolloutServer(rollout_config, OmegaConf.create({"path": tiny_model_dir}), 0)
+    engine_generate, started, release = server.engine.generate, threading.Event(), threading.Event()
+
+    def held_call(*args):
+        started.set()
+        release.wait(timeout=120)
+        return engine_generate(*args)
+
+    server.engine.generate = held_call
+    prompt = chat_ids("pause me")
+
+    async def scenario():
+        await server.set_global_steps(5)
+        running = asyncio.ensure_future(server.generate("a", prompt, {"temperature": 0.0, "max_tokens": 4}))
+        await asyncio.to_thread(started.wait, 120)
+        waiting = asyncio.ensure_future(server.generate("b", prompt, {"temperature": 0.0, "max_tokens": 4}))
+        await asyncio.sleep(0)  # "b" joins the pending batch behind the running call
+        abort = asyncio.ensure_future(server.abort_all_requests())
+        aborted = await waiting
+        during_pause = await server.generate("c", prompt, {"temperature": 0.0, "max_tokens": 4})
+        assert not abort.done()  # the engine call under way holds it: nothing can set the idle event before release
+        release.set()
+        answered, abort_result = await running, await abort
+        await server.resume_generation()
+        after = await server.generate("d", prompt, {"temperature": 0.0, "max_tokens": 4})
+        return answered, aborted, during_pause, abort_result, after
+
+    answered, aborted, during_pause, abort_result, after = asyncio.run(scenario())
+    assert answered.stop_reason == "completed" and answered.token_ids and answered.extra_fields["global_steps"] == 5
+    for out in (aborted, during_pause):
+        assert out.stop_reason == "aborted" and out.token_ids == [] and out.extra_fields["global_steps"] is None
+    assert abort_result["aborted_count"] == 1
+    assert after.stop_reason == "completed" and after.token_ids == answered.token_ids  # greedy, same weights

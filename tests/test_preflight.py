@@ -361,6 +361,9 @@ def mas_config(tmp_path, **overrides):
         ({"algorithm.adv_estimator": "remax"}, "algorithm.adv_estimator", "has not been run on per-turn team rows"),
         ({"algorithm.adv_estimator": "grpo"}, "algorithm.adv_estimator", "every row would get the same return"),
         ({"algorithm.adv_estimator": "reinforce_plus_plus"}, "algorithm.adv_estimator", "only at_grpo groups by node"),
+        ({"trainer.v1.trainer_mode": "colocate_async"}, "trainer.v1.trainer_mode", "set trainer.v1.trainer_mode=mas_colocate_async"),
+        ({"trainer.v1.trainer_mode": "separate_async"}, "trainer.v1.trainer_mode", "verl's trainer of one policy"),
+        ({"trainer.v1.trainer_mode": "mas_separate_async"}, "trainer.v1.trainer_mode", "mas_separate_async is not available"),
     ],
 )
 def test_settings_that_disagree_are_refused(tmp_path, overrides, key, problem):
@@ -617,3 +620,7 @@ def test_an_image_role_played_by_a_text_only_model_is_refused(tmp_path, plan_pat
                        r"and roles \['plan'\] are shown images") as error:
         check(two_policies(tmp_path, plan_path_rows, **{"pettingllms.env_kwargs.image_roles": "[plan]", "actor_rollout_ref.model.path": tiny_model_dir}))
     assert error.value.key == "pettingllms.policies"
+
+
+def test_the_asynchronous_multi_agent_trainer_passes_where_the_synchronous_one_does(tmp_path):
+    check(mas_config(tmp_path, **{"trainer.v1.trainer_mode": "mas_colocate_async"}))

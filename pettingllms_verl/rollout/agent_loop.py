@@ -35,8 +35,17 @@ from pettingllms_verl.rollout.tags import SWAPPED_KWARG
 from pettingllms_verl.targets import load_target
 
 logger = logging.getLogger(__name__)
+# A tree node's K branches sampled at most this many times to come from one weight version (a push
+# lands between two of them only at a step's end; after the last try the node keeps what it has)
+NODE_TRIES = 4
 VALIDATE_KWARG = "pettingllms_validate"  # injected by MASAgentLoopWorker: verl passes no such flag to run()
 _logged_causes: set[str] = set()  # each cause's first traceback is logged once per process
+
+
+def reply_versions(extra_fields: dict[str, Any]) -> set[int]:
+    """The weight versions one reply's tokens came from: verl's asynchronous client reports the first
+    and last of a request asked again across a weight push (``min_global_steps``, ``global_steps``)."""
+    return {v for v in (extra_fields.get("min_global_steps"), extra_fields.get("global_steps")) if v is not None}
 
 
 def group_key(uid: str, session_id: int, sample: Sample, settings: PettingLLMsConfig) -> str:
@@ -130,25 +139,33 @@ class EpisodeAgentLoop(AgentLoopBase):
         policies = {role: self.settings.policy_of(role, swapped=swapped) for role in turn_order}
         weight_versions: dict[str, set] = {role: set() for role in policies}  # global step of the weights behind each reply
         served_by: dict[str, set] = {role: set() for role in policies}  # the policy each server says it is
+        resampled = [0]  # tree nodes sampled again: their branches had come from two weight versions
 
         async def generate(role: str, prompt_ids: list[int], n: int, params: dict | None = None, images: list | None = None):
             params = params or self._sampling(sampling_params, role, validate)
             media = {"image_data": images} if images else {}
-            try:
-                outputs = await asyncio.gather(
-                    *(
-                        self.server_manager.generate(
-                            request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, policy=policies[role], **media
+            for attempt in range(NODE_TRIES):
+                try:
+                    outputs = await asyncio.gather(
+                        *(
+                            self.server_manager.generate(
+                                request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, policy=policies[role], **media
+                            )
+                            for _ in range(n)
                         )
-                        for _ in range(n)
                     )
-                )
-            except ray.exceptions.ActorUnavailableError:
-                raise  # a server Ray is restarting or cannot reach for now: this request's fault alone
-            except ray.exceptions.RayActorError as error:  # the actor died: Ray's message names it and its exit cause
-                raise EngineDead(f"policy {policies[role]!r} (role {role}): its rollout server is dead. {error}") from error
+                except ray.exceptions.ActorUnavailableError:
+                    raise  # a server Ray is restarting or cannot reach for now: this request's fault alone
+                except ray.exceptions.RayActorError as error:  # the actor died: Ray's message names it and its exit cause
+                    raise EngineDead(f"policy {policies[role]!r} (role {role}): its rollout server is dead. {error}") from error
+                versions = {version for out in outputs for version in reply_versions(out.extra_fields)}
+                # An asynchronous trainer pushes weights between steps, and a node's K branches are one
+                # AT-GRPO group: all of them from one version, or the node is sampled again.
+                if len(versions) <= 1 or attempt == NODE_TRIES - 1:
+                    break
+                resampled[0] += 1
+            weight_versions[role].update(versions)
             for out in outputs:
-                weight_versions[role].add(out.extra_fields.get("global_steps"))
                 served_by[role].add(out.extra_fields.get("policy"))
             return [self._reply(out.token_ids, out.log_probs or []) for out in outputs]
 
@@ -168,19 +185,22 @@ class EpisodeAgentLoop(AgentLoopBase):
                 snapshots=bool(self.settings.paths.episode_log_dir),
                 rewards=self.rewards,
             )
-        # verl's staleness bookkeeping: which weight versions this episode sampled from (a frozen
-        # policy's weights never change version, so they say nothing about staleness).
+        # verl's staleness bookkeeping, per row: which weight versions its role's replies came from (a
+        # frozen policy's weights never change version: its rows count the episode's learning roles').
         table = self.settings.policy_table()
         learning = [role for role, policy in policies.items() if table[policy].trainable] or list(policies)
-        known = [v for role in learning for v in weight_versions[role] if v is not None]
-        versions = {"min_global_steps": min(known, default=None), "max_global_steps": max(known, default=None)}
+        episode_versions = {v for role in learning for v in weight_versions[role]}
+
+        def versions(role: str) -> dict[str, int | None]:
+            known = weight_versions[role] if role in learning else episode_versions
+            return {"min_global_steps": min(known, default=None), "max_global_steps": max(known, default=None)}
         # per role, what the servers that answered it reported (their policy and weight version), and
         # the temperature its replies were sampled at: the trainer's log-probs of its rows use it
         routing = {
             role: {
                 "mas_policy": policy,
                 "mas_served_by": sorted(map(str, served_by[role])),
-                "mas_weight_versions": sorted(v for v in weight_versions[role] if v is not None),
+                "mas_weight_versions": sorted(weight_versions[role]),
                 ROW_TEMPERATURE: self._scoring_temperature(sampling_params, role, validate),
             }
             for role, policy in policies.items()
@@ -194,11 +214,12 @@ class EpisodeAgentLoop(AgentLoopBase):
         if validate:
             # Validation reports what evaluation means: episode success, one row per episode.
             final = episode.samples[-1]
-            extra = {**versions, **routing[final.role]}
+            extra = {**versions(final.role), **routing[final.role]}
             return [self._output(final, kwargs, episode, extra, reward=float(episode.success), last=True)]
         samples = episode.samples
         outputs = [
-            self._output(s, kwargs, episode, {**versions, **routing[s.role]}, reward=s.reward, last=i == len(samples) - 1)
+            self._output(s, kwargs, episode, {**versions(s.role), **routing[s.role], "mas_resampled_nodes": resampled[0]},
+                         reward=s.reward, last=i == len(samples) - 1)
             for i, s in enumerate(samples)
         ]
         if self.config.algorithm.adv_estimator != AT_GRPO:

@@ -43,7 +43,7 @@ from verl.plugin.platform import get_platform
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.utils import Role
-from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_base import _count_tq_prompt_groups, register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.config import omega_conf_to_dataclass
@@ -55,8 +55,8 @@ from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.utils.losses import value_loss
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, permute_within_groups, zero_variance_frac
-from pettingllms_verl.config import (ADAPTER_GROUP, CRITICS_DIR, NULL_REWARD_PERMUTE, POLICIES_DIR, ROW_TEMPERATURE, SECTION, VAL_METRICS, load,
-                                     policy_config)
+from pettingllms_verl.config import (ADAPTER_GROUP, CRITICS_DIR, NULL_REWARD_PERMUTE, POLICIES_DIR, ROW_TEMPERATURE, SECTION, TRAINER_MODES,
+                                     VAL_METRICS, load, policy_config)
 from pettingllms_verl.files import write_whole
 from pettingllms_verl.rollout.tags import ERRORS, SWAPPED_KWARG, TRUNCATIONS
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
@@ -68,6 +68,7 @@ from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGrou
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
 
 PARTIAL_SUFFIX = ".partial"  # a step folder being written; renamed to global_step_N when complete
+QUEUE_DIR = "transfer_queue"  # global_step_N/transfer_queue/: an asynchronous run's episodes under way (verl's layout)
 
 TRAINER_MODE = "mas_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
@@ -86,6 +87,8 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
         metrics["mas/turns_mean"] = float(np.mean([t["mas_turns"] for t in ends]))
         env_s, generate_s = sum(t["mas_env_s"] for t in ends), sum(t["mas_generate_s"] for t in ends)
         metrics["mas/env_time_frac"] = env_s / max(env_s + generate_s, 1e-9)
+        # tree nodes sampled again because a weight push split their branches (asynchronous modes)
+        metrics["mas/resampled_nodes"] = float(sum(t.get("mas_resampled_nodes") or 0 for t in ends))
         causes = [t.get("mas_end_cause") for t in ends]
         for total, kinds in (("mas/episode_errors", ERRORS), ("mas/truncated", TRUNCATIONS)):
             metrics[total] = float(sum(cause in kinds for cause in causes))
@@ -184,6 +187,9 @@ def spread_padding(is_padding: list[bool], ranks: int, mini_batches: int) -> tup
 
 @register_trainer(TRAINER_MODE)
 class MASTrainer(PPOTrainerSync):
+    mode = TRAINER_MODE  # its trainer.v1.trainer_mode
+    llm_client_cls = None  # verl's client class of the mode's schedule (None: verl's plain one)
+
     def __init__(self, config):
         self.settings = load(config.get(SECTION))
         self.policy_table = self.settings.policy_table()
@@ -207,8 +213,9 @@ class MASTrainer(PPOTrainerSync):
     @property
     def trainer_mode(self) -> str:
         # Registered under its own name, but every "is this the sync trainer?" check in verl
-        # (replay buffer, refill, weight sync) must see the synchronous schedule it runs.
-        return "sync"
+        # (replay buffer, refill, checkpointed episodes) and its trainer.v1.<mode> section must see
+        # the schedule it runs.
+        return TRAINER_MODES[self.mode]
 
     @trainer_mode.setter
     def trainer_mode(self, _configured_name: str) -> None:
@@ -380,7 +387,7 @@ class MASTrainer(PPOTrainerSync):
         return RayClassWithInitArgs(cls=self.role_worker_mapping[Role.Critic], config=worker_config), critic_config
 
     def get_llm_client(self) -> PolicyRouterClient:
-        clients = {name: group.servers.get_client() for name, group in self.groups.items()}
+        clients = {name: group.servers.get_client(client_cls=self.llm_client_cls) for name, group in self.groups.items()}
         routes = {
             policy: (self.group_of[policy], policy if policy in self.groups[self.group_of[policy]].adapters else None)
             for policy in self.policy_table
@@ -442,7 +449,7 @@ class MASTrainer(PPOTrainerSync):
             raise ValueError("a colocated reward model would overwrite the per-sample rewards; disable reward.reward_model")
 
         parts = self._partition(batch)
-        per_policy: dict[str, dict] = {name: {"rows": float(len(part))} for name, part in parts.items()}
+        per_policy: dict[str, dict] = {name: {"rows": float(len(part)), **self._staleness(part, name)} for name, part in parts.items()}
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             for name, part in parts.items():
                 with self._serving(self._group_of(name)):
@@ -488,6 +495,17 @@ class MASTrainer(PPOTrainerSync):
                             self._update_actor(part, metrics=per_policy[name])
         self._merge_policy_metrics(metrics, per_policy)
         return batch
+
+    def _staleness(self, part: KVBatchMeta, policy: str) -> dict[str, float]:
+        """How many weight pushes behind this policy's newest its rows' replies were sampled (0: the
+        weights this step trains; > 0 only in an asynchronous mode); a frozen policy's are 0."""
+        if not self.policy_table[policy].trainable:
+            return {}
+        tags = tq.kv_batch_get(keys=part.keys, partition_id=part.partition_id, select_fields=["extra_fields"])["extra_fields"]
+        lags = [self.global_steps - 1 - min(tag["mas_weight_versions"]) for tag in tags if tag.get("mas_weight_versions")]
+        if not lags:
+            return {}
+        return {"off_policy/staleness_mean": float(np.mean(lags)), "off_policy/staleness_max": float(max(lags))}
 
     def _put_row_temperatures(self, part: KVBatchMeta) -> None:
         """Each row's sampling temperature (its ``ROW_TEMPERATURE`` tag) as a field of the batch: the
@@ -548,13 +566,28 @@ class MASTrainer(PPOTrainerSync):
                 continue
             if tag["mas_served_by"] != [policy]:
                 raise AssertionError(f"row {key}: role {tag['mas_role']} of policy {policy!r} was served by {tag['mas_served_by']}")
-            if self.policy_table[policy].trainable and tag["mas_weight_versions"] != [self.global_steps - 1]:
-                raise AssertionError(
-                    f"row {key}: policy {policy!r} sampled with weights of steps {tag['mas_weight_versions']}, "
-                    f"expected {self.global_steps - 1} (off-policy rollout)"
-                )
+            if self.policy_table[policy].trainable:
+                self._check_versions(key, policy, tag["mas_weight_versions"])
             keys[policy].append(key)
         return {name: batch.select_keys(rows) for name, rows in keys.items() if rows}
+
+    def _check_versions(self, key: str, policy: str, versions: list[int]) -> None:
+        """A trainable policy's replies come from its weights after the last update (sync), or, in an
+        asynchronous mode, from no later weights and within verl's staleness bound: a prompt group is
+        sampled at most ``max_off_policy_threshold`` steps after it was submitted, when the weights
+        were at most one step old (``drop``: verl evicts older ones)."""
+        newest = self.global_steps - 1
+        if self.trainer_mode == "sync":
+            if versions != [newest]:
+                raise AssertionError(f"row {key}: policy {policy!r} sampled with weights of steps {versions}, "
+                                     f"expected {newest} (off-policy rollout)")
+            return
+        bound = self.replay_buffer.max_off_policy_threshold
+        if self.replay_buffer.max_off_policy_strategy != "drop":
+            bound = None  # "wait" trains every group however old (verl's dropless mode): logged, not bounded
+        if not versions or max(versions) > newest or (bound is not None and newest - min(versions) > bound - 1):
+            raise AssertionError(f"row {key}: policy {policy!r} sampled with weights of steps {versions} at step "
+                                 f"{self.global_steps} (newest {newest}, trainer.v1.sampler.max_off_policy_threshold={bound})")
 
     def _merge_policy_metrics(self, metrics: dict, per_policy: dict[str, dict]) -> None:
         """``policy/<name>/...`` for every policy; verl's plain names (``actor/grad_norm``, ...) are
@@ -772,6 +805,8 @@ class MASTrainer(PPOTrainerSync):
                 workers.save_checkpoint(os.path.join(partial, folder, name), remote, self.global_steps, max_ckpt_to_keep=None)
         os.makedirs(partial, exist_ok=True)
         torch.save(self.train_dataloader.state_dict(), os.path.join(partial, "data.pt"))
+        if self.trainer_mode != "sync":  # the episodes under way (verl re-issues them on resume)
+            tq.save_checkpoint(os.path.join(partial, QUEUE_DIR), metadata={"global_steps": self.global_steps})
         shutil.rmtree(step_dir, ignore_errors=True)  # a stale one (e.g. a run restarted from an earlier step)
         os.replace(partial, step_dir)
         tracker = os.path.join(root, "latest_checkpointed_iteration.txt")
@@ -795,7 +830,7 @@ class MASTrainer(PPOTrainerSync):
         if step_dir is None:
             return
         self.global_steps = int(step_dir.split("global_step_")[-1])
-        print(f"mas_sync: resuming {sorted(self.groups)} from {step_dir} (step {self.global_steps})", flush=True)
+        print(f"{self.mode}: resuming {sorted(self.groups)} from {step_dir} (step {self.global_steps})", flush=True)
         for name, group in self.groups.items():
             path = os.path.join(step_dir, POLICIES_DIR, name)
             if len(self.groups) == 1 and not os.path.isdir(path):
@@ -812,6 +847,12 @@ class MASTrainer(PPOTrainerSync):
         data = os.path.join(step_dir, "data.pt")
         if os.path.exists(data):
             self.train_dataloader.load_state_dict(torch.load(data, weights_only=False))
+        queue = os.path.join(step_dir, QUEUE_DIR)
+        if self.trainer_mode != "sync" and os.path.exists(queue):
+            # finished episodes come back as they were; those under way are played again from their
+            # prompts in fit() (verl's _reissue_inflight_prompts), none trained twice nor lost
+            tq.load_checkpoint(queue)
+            self._restored_tq_prompt_count = _count_tq_prompt_groups()
 
     def _resume_folder(self) -> str | None:
         """The step folder to resume from (verl's resume_mode semantics), or None."""

@@ -66,6 +66,16 @@ class MultiCheckpointManager:
         for group in self.groups:
             group.sync.sleep_replicas()
 
+    def abort_replicas(self, reject_request: bool = False) -> None:
+        """Pause every policy's generation (asynchronous trainers, before the step trains): the
+        episodes under way wait, and each request goes on after ``resume_generation_replicas``."""
+        for group in self.groups:
+            group.sync.abort_replicas(reject_request=reject_request)
+
+    def resume_generation_replicas(self) -> None:
+        for group in self.groups:
+            group.sync.resume_generation_replicas()
+
     def update_weights(self, global_steps: int | None = None) -> dict:
         for group in self.groups:
             if group.trainable or not group.synced:

@@ -158,6 +158,10 @@ class HFRolloutServer:
         self._pending: list[tuple[list[int], SamplingSpec, str | None, dict | None, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
+        # verl's abort/resume (asynchronous trainers, around a weight push): while paused, a request
+        # is answered "aborted" with no tokens and verl's client asks again after resume_generation
+        self._paused = False
+        self._engine_idle: asyncio.Event | None = None  # clear while an engine call runs
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], adapter: str | None = None,
@@ -174,15 +178,21 @@ class HFRolloutServer:
                 f"rollout.prompt_length + rollout.response_length = {self.prompt_length + self.response_length}"
             )
         spec = SamplingSpec.from_verl(sampling_params, default_max_tokens=budget)
+        served_by = self.policy if adapter is None else adapter
+        if self._paused:
+            return self._aborted(served_by)
         if self._batcher is None or self._batcher.done():  # first call, or its event loop has closed (asyncio.run per call)
             self._wakeup = asyncio.Event()
+            self._engine_idle = asyncio.Event()
+            self._engine_idle.set()
             self._batcher = asyncio.get_running_loop().create_task(self._serve_batches())
         future = asyncio.get_running_loop().create_future()
         self._pending.append((prompt_ids, spec, adapter, images, future))
         self._wakeup.set()
         generation = await future
+        if generation is None:  # aborted before its engine call began
+            return self._aborted(served_by)
         # which weights answered: an adapter is a policy of its own (L1), with its own version
-        served_by = self.policy if adapter is None else adapter
         version = self.global_steps if adapter is None else self.adapter_steps.get(adapter)
         return TokenOutput(
             token_ids=generation.token_ids,
@@ -201,6 +211,7 @@ class HFRolloutServer:
             prompts, specs, adapters, images, futures = zip(*batch)
             self.generate_calls += 1
             started = time.perf_counter()
+            self._engine_idle.clear()
             try:
                 outputs = await asyncio.to_thread(self.engine.generate, list(prompts), list(specs), list(adapters), list(images))
             except Exception as error:  # report to every waiting caller instead of dying silently
@@ -210,6 +221,7 @@ class HFRolloutServer:
                 continue
             finally:
                 self._last_call_s = time.perf_counter() - started
+                self._engine_idle.set()
             for future, output in zip(futures, outputs):
                 if not future.done():
                     future.set_result(output)
@@ -287,11 +299,26 @@ class HFRolloutServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
-        # Requests are short batched calls that cannot be interrupted mid-generate; nothing to abort.
-        return {"aborted_count": 0, "request_ids": []}
+        """Pause generation (verl's asynchronous trainers, before a weight push): requests waiting
+        for the next engine call, and any that come until ``resume_generation``, end "aborted" with
+        no tokens (verl's client asks again after the push: the reply is all from the new weights).
+        An engine call under way cannot be interrupted: it finishes first, so no weights change under it."""
+        self._paused = True
+        waiting, self._pending = self._pending, []
+        for *_request, future in waiting:
+            if not future.done():
+                future.set_result(None)
+        if self._engine_idle is not None:
+            await self._engine_idle.wait()
+        return {"aborted_count": len(waiting), "request_ids": []}
 
     async def resume_generation(self) -> None:
-        return None
+        self._paused = False
+
+    @staticmethod
+    def _aborted(served_by: str) -> TokenOutput:
+        # no version: no token came from any weights (verl's client takes its first version from the attempt that answers)
+        return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted", extra_fields={"global_steps": None, "policy": served_by})
 
     async def start_profile(self, **_kwargs) -> None:
         return None
