@@ -853,6 +853,7 @@ class MASTrainer(PPOTrainerSync):
             # prompts in fit() (verl's _reissue_inflight_prompts), none trained twice nor lost
             tq.load_checkpoint(queue)
             self._restored_tq_prompt_count = _count_tq_prompt_groups()
+            print(f"{self.mode}: {self._restored_tq_prompt_count} problems under way at step {self.global_steps} restored", flush=True)
 
     def _resume_folder(self) -> str | None:
         """The step folder to resume from (verl's resume_mode semantics), or None."""
