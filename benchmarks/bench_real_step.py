@@ -35,12 +35,13 @@ reported as its mean over the repeats with a 95 % t interval (N - 1 degrees of f
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 from pettingllms_verl.backends.cpu import usable_cores
+
+from training_run import THREADS, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.resume_mode=disable"]
@@ -57,7 +58,6 @@ RUNS = {  # name -> (label, recipe, steps, overrides)
 # the threads each side (rollout server, trainer workers) runs on: 1, or the recipe's (base/cpu_one_run)
 SIDE_THREADS = {"baseline": "1 thread", "recipe": "the recipe's threads", "unfolded": "the recipe's threads", "one_thread": "1 thread",
                 "baseline_threads": "the recipe's threads"}
-THREADS = ["++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads={n}", '++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="{n}"']
 PARTS = ("step", "gen", "old_log_prob", "update_actor", "update_weights")  # timing_s/<part>
 TIMED_STEP = 2
 
@@ -93,17 +93,8 @@ def run(root: str, name: str, log: str) -> dict:
     threads = {"{threads}": recipe_threads, "{one_thread}": 1}
     overrides = [expanded for override in overrides
                  for expanded in ([t.format(n=threads[override]) for t in THREADS] if override in threads else [override.format(model=os.path.join(root, smollm2.FOLDER))])]
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", os.path.join(REPO, "recipes"), "--config-name", recipe,
-               f"trainer.total_training_steps={steps}", *COMMON, *overrides]
-    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": root, "VERL_FILE_LOGGER_PATH": log, "HF_HUB_OFFLINE": "1"}
-    started = time.monotonic()
-    output_path = log.removesuffix(".jsonl") + ".log"
-    print(f"[{name}] {recipe}, {steps} steps ...", flush=True)
-    with open(output_path, "w") as output:
-        result = subprocess.run(command, cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        sys.exit(f"[{name}] main_ppo exited {result.returncode}; its output: {output_path}")
-    print(f"[{name}] done in {time.monotonic() - started:.0f} s", flush=True)
+    train(name, recipe, [f"trainer.total_training_steps={steps}", *COMMON, *overrides], root=root, log=log,
+          env={**os.environ, "PETTINGLLMS_ARTIFACTS": root})
     return figures(log)
 
 
