@@ -25,7 +25,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install install-autogen model model-vl real-model real-warm-start reproduce-real reproduce reproduce-ppo reproduce-program model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
+.PHONY: help run install install-autogen model model-vl real-model real-warm-start reproduce-real reproduce reproduce-ppo reproduce-program reproduce-async model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -166,6 +166,11 @@ reproduce: model-plan-path-demos $(REPRO_DATA)  ## MAS + AT-GRPO against SA + GR
 # AT-GRPO, 3 seeds, before and after (reported on its own; docs/reproduction.md).
 reproduce-ppo: model-plan-path-demos $(REPRO_DATA)  ## MAS + PPO (a critic) on the reproduction's task, 3 seeds, before and after
 	$(PY) -m pettingllms_verl.eval.reproduce --methods ppo --seeds 0,1,2 --splits test,confirm --out $(ARTIFACTS)/reproduce_ppo
+
+# The model-per-role team trained asynchronously (mas_colocate_async, docs/async.md) beside the same team
+# trained synchronously, 3 seeds each at the same budget: does learning hold when the rollout runs ahead?
+reproduce-async: model-plan-path-demos $(REPRO_DATA)  ## the model-per-role team trained asynchronously against synchronously, 3 seeds each
+	$(PY) -m pettingllms_verl.eval.reproduce --methods per_role,per_role_async --seeds 0,1,2 --splits test,confirm --out $(ARTIFACTS)/reproduce_async
 
 # The same team written as a LangGraph program, trained through the gateway with tree sampling by
 # replay, beside the native environment's team (mas): 3 seeds each, before and after, and the

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 REPO = RECIPES_DIR.parent
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
-NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_ppo|mas_full_control|mas_full|mas_lora|sa_grpo|program)_"
+NAME = re.compile(r"^(?P<env>[a-z_]+?)_(?P<mode>mas_atgrpo|mas_grpo_by_problem|mas_ppo|mas_full_control|mas_full_async|mas_full|mas_lora|sa_grpo|program)_"
                   r"(?P<target>cpu|smollm2_cpu|repro_cpu|smollm2_repro_cpu|vllm_cpu|vision_cpu|vision_vllm_cpu|qwen3_1p7b|qwen3_8b|qwen2p5_vl_3b)$")
 # the tiny model / the real SmolLM2-135M (make real-model) / make reproduce / make reproduce-real / vLLM's CPU build (make test-vllm)
 # / the tiny vision-language model (make model-vl), with the hf rollout / with vLLM's CPU build
@@ -253,13 +253,13 @@ def test_episode_recipe_matches_its_name_env_and_data(name, recipe, datasets, ar
     settings = load(cfg.get("pettingllms"))
     rollout = cfg.actor_rollout_ref.rollout
     assert rollout.agent.agent_loop_manager_class == MAS_MANAGER
-    assert cfg.trainer.v1.trainer_mode == "mas_sync"
+    assert cfg.trainer.v1.trainer_mode == ("mas_colocate_async" if parts["mode"] == "mas_full_async" else "mas_sync")
     # mas_grpo_by_problem: the credit-assignment ablation, AT-GRPO's tree with groups keyed by problem alone
     assert (list(settings.group_by) == []) == (parts["mode"] == "mas_grpo_by_problem")
     # program: a team program plays the rows' tasks (agents/), its agents the env's roles here
     assert settings.program.enabled == (parts["mode"] == "program")
     assert (settings.trainer.null_reward == "permute") == (parts["mode"] == "mas_full_control")  # the null-training control alone
-    if parts["mode"] in ("mas_atgrpo", "mas_grpo_by_problem", "mas_ppo", "mas_full_control", "mas_full", "mas_lora", "program"):
+    if parts["mode"] in ("mas_atgrpo", "mas_grpo_by_problem", "mas_ppo", "mas_full_control", "mas_full_async", "mas_full", "mas_lora", "program"):
         # mas_ppo: the same tree, each reply valued by a critic (gae) instead of its group
         estimator = "gae" if parts["mode"] == "mas_ppo" else "at_grpo"
         assert (settings.workflow, settings.rollout_mode, cfg.algorithm.adv_estimator) == ("mas", "tree", estimator)

@@ -14,6 +14,8 @@ noisy demonstrations, and methods with the same steps, replies per step and opti
   group (``plan_path_mas_full_control_repro_cpu``); the primary claim (``PRIMARY``, ``--primary``) is
   ``per_role`` against it on the final confirmation split, declared into ``primary.json`` before any
   "after" exists;
+- ``per_role_async`` (not in the default ``--methods``): ``per_role`` trained under verl's colocate_async
+  schedule (``plan_path_mas_full_async_repro_cpu``, docs/async.md), compared with ``per_role`` after training;
 - ``ppo`` (not in the default ``--methods``): MAS + PPO, the shared policy of ``mas`` trained with a
   critic (``algorithm.adv_estimator=gae``) instead of AT-GRPO (``plan_path_mas_ppo_repro_cpu``);
 - ``program`` (not in the default ``--methods``; ``make reproduce-program`` runs it beside ``mas``): the
@@ -79,17 +81,18 @@ METHODS = {  # name -> (recipe, what the tables call it)
     "mas_by_problem": ("plan_path_mas_grpo_by_problem_repro_cpu", "MAS + GRPO grouped by problem, shared policy"),
     "per_role": ("plan_path_mas_full_repro_cpu", "MAS + AT-GRPO, a model per role"),
     "control": ("plan_path_mas_full_control_repro_cpu", "the same, null-training control (rewards shuffled within groups)"),
+    "per_role_async": ("plan_path_mas_full_async_repro_cpu", "the same, trained asynchronously (mas_colocate_async)"),
     "ppo": ("plan_path_mas_ppo_repro_cpu", "MAS + PPO (a critic), shared policy"),
     "program": ("plan_path_program_repro_cpu", "MAS + AT-GRPO, shared policy, the team as a LangGraph program"),
     "real": ("plan_path_mas_lora_smollm2_repro_cpu", "MAS + AT-GRPO, SmolLM2-135M, a LoRA adapter per role"),
 }
 TINY = ("sa", "mas", "mas_by_problem", "per_role", "control")  # `make reproduce`; `make reproduce-real` runs "real"
-SWAPPED = ("per_role", "real")  # the methods with a policy per role, also evaluated with the two swapped
+SWAPPED = ("per_role", "per_role_async", "real")  # the methods with a policy per role, also evaluated with the two swapped
 CONTROL_OF = {"control": "per_role"}  # a null-training control -> the method it is the control of: untrained, the same team
 
 
 # the methods whose whole team the environment plays ("program" plays it as a program: its "before" is its own)
-MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "control", "ppo", "real")
+MAS_TEAMS = ("mas", "mas_by_problem", "per_role", "control", "per_role_async", "ppo", "real")
 # the held-out splits, in report order: the development test split (read when the task and the training length
 # were chosen: docs/reproduction.md), the development confirmation split (frozen before an earlier final run, read
 # by several experiments since) and the final confirmation split (frozen when the primary claim was declared, read for it)
@@ -865,7 +868,7 @@ def swap_effect(trained: dict, swapped: dict) -> dict | None:
 # (a, b): the after-training comparisons the reproduction reports, by method (and swapped)
 COMPARISONS = [(("per_role", False), ("control", False)), (("mas", False), ("sa", False)), (("per_role", False), ("sa", False)),
                (("mas", False), ("mas_by_problem", False)), (("per_role", False), ("mas", False)), (("per_role", True), ("per_role", False)),
-               (("real", True), ("real", False)), (("program", False), ("mas", False))]
+               (("real", True), ("real", False)), (("program", False), ("mas", False)), (("per_role_async", False), ("per_role", False))]
 
 
 def comparisons(table: list[dict], primary: dict | None = None) -> list[dict]:
