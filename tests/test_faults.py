@@ -364,6 +364,7 @@ def test_a_tree_node_split_by_a_weight_push_is_sampled_again_so_its_branches_sha
     assert server.calls == 4 * ROLES_PER_TURN * K + K  # every node once, the split one twice
     end = end_of(outputs)
     assert end["mas_resampled_nodes"] == 1 and episode_metrics([end])["mas/resampled_nodes"] == 1.0
+    assert not end["mas_straddled"]  # every reply it kept is from version 4
     for out in outputs:
         tags = out.extra_fields
         assert tags["mas_weight_versions"] == [4]  # the discarded branch's version 3 is nowhere
@@ -371,3 +372,8 @@ def test_a_tree_node_split_by_a_weight_push_is_sampled_again_so_its_branches_sha
 
     unsplit = play(tokenizer, ScriptedServer(tokenizer), fault="none", fault_turn=0)
     assert end_of(unsplit)["mas_resampled_nodes"] == 0
+
+    # a push between two nodes: the episode goes on with the newer weights, counted as straddling one
+    straddled = end_of(play(tokenizer, PushedServer(tokenizer, push_at=K + 1), fault="none", fault_turn=0))
+    assert straddled["mas_resampled_nodes"] == 0 and straddled["mas_straddled"]
+    assert episode_metrics([straddled])["mas/straddled_episodes"] == 1.0

@@ -218,7 +218,8 @@ class EpisodeAgentLoop(AgentLoopBase):
             return [self._output(final, kwargs, episode, extra, reward=float(episode.success), last=True)]
         samples = episode.samples
         outputs = [
-            self._output(s, kwargs, episode, {**versions(s.role), **routing[s.role], "mas_resampled_nodes": resampled[0]},
+            self._output(s, kwargs, episode, {**versions(s.role), **routing[s.role], "mas_resampled_nodes": resampled[0],
+                                               "mas_straddled": len(episode_versions) > 1},
                          reward=s.reward, last=i == len(samples) - 1)
             for i, s in enumerate(samples)
         ]

@@ -89,6 +89,8 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
         metrics["mas/env_time_frac"] = env_s / max(env_s + generate_s, 1e-9)
         # tree nodes sampled again because a weight push split their branches (asynchronous modes)
         metrics["mas/resampled_nodes"] = float(sum(t.get("mas_resampled_nodes") or 0 for t in ends))
+        # episodes played on across a weight push (asynchronous modes): their later replies from newer weights
+        metrics["mas/straddled_episodes"] = float(sum(bool(t.get("mas_straddled")) for t in ends))
         causes = [t.get("mas_end_cause") for t in ends]
         for total, kinds in (("mas/episode_errors", ERRORS), ("mas/truncated", TRUNCATIONS)):
             metrics[total] = float(sum(cause in kinds for cause in causes))
