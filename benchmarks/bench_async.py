@@ -14,7 +14,9 @@ Each run trains ``STEPS`` steps from the warm start (no checkpoints, no validati
 ``WARMUP`` are left out of the figures. Per run: rows trained per second of step time, steps per
 hour, the share of step time the trainer waits for rows (``timing_s/gen`` / ``timing_s/step``) and
 the share the rollout is paused while the policies train (the rest: with both schedules the rollout
-generates only while the trainer waits), verl's staleness of the rows trained. ``separate_async``
+generates only while the trainer waits), verl's staleness of the rows trained, and ("apart") the
+speed-up a rollout and a trainer on devices of their own would give at best: a step taking the
+longer of the two phases instead of their sum. ``separate_async``
 (a rollout on cores of its own) is not run: the plugin refuses it (docs/async.md).
 
 ``--repeats N`` interleaves the runs (sync, colocate, sync, ...); each ratio is taken within a repeat
@@ -82,6 +84,9 @@ def figures(log: str) -> dict:
         "step_s": step_s / len(steps),
         "trainer_waits": gen_s / step_s,  # the trainer idles while the rows it takes are played
         "rollout_paused": 1 - gen_s / step_s,  # the rollout idles while the policies train and push
+        # with the rollout and the trainer on devices of their own (verl's separate_async), a step would
+        # take the longer of the two phases instead of their sum: the speed-up that predicts, at best
+        "separate_pools_bound": step_s / max(gen_s, step_s - gen_s),
         "staleness_mean": sum(data["training/off_policy/trajectory_staleness/mean"] for data in steps) / len(steps),
         "staleness_max": max(data["training/off_policy/trajectory_staleness_worst/max"] for data in steps),
         "turns_mean": sum(data.get("mas/turns_mean", 0.0) for data in steps) / len(steps),
@@ -119,11 +124,11 @@ def main() -> None:
     print(f"\nsteps {WARMUP + 1}-{STEPS} of each run, {usable_cores()} usable cores, rollout and trainer each on every core "
           "(base/cpu_one_run), one machine, runs interleaved")
     print(f"{'workload':<26} {'trainer':<19} {'rep':>3} {'rows/s':>7} {'steps/h':>7} {'step s':>6} {'waits':>6} {'paused':>6} "
-          f"{'stale':>5} {'max':>3} {'turns':>5} {'vs sync':>8}")
+          f"{'stale':>5} {'max':>3} {'turns':>5} {'vs sync':>8} {'apart':>6}")
     for row in runs:
         print(f"{WORKLOADS[row['workload']][0]:<26} {SETTINGS[row['setting']][0]:<19} {row['repeat']:>3} {row['rows_per_s']:>7.2f} "
               f"{row['steps_per_hour']:>7.0f} {row['step_s']:>6.1f} {row['trainer_waits']:>6.2f} {row['rollout_paused']:>6.2f} "
-              f"{row['staleness_mean']:>5.2f} {row['staleness_max']:>3.0f} {row['turns_mean']:>5.2f} {row['rows_per_s_vs_sync']:>7.2f}x")
+              f"{row['staleness_mean']:>5.2f} {row['staleness_max']:>3.0f} {row['turns_mean']:>5.2f} {row['rows_per_s_vs_sync']:>7.2f}x {row['separate_pools_bound']:>5.2f}x")
     summary = []
     for workload in workloads:
         ratios = [row["rows_per_s_vs_sync"] for row in runs if row["workload"] == workload and row["setting"] == "colocate"]
