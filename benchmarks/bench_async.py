@@ -8,7 +8,8 @@ trainer's workers each on every core (``base/cpu_one_run``: neither schedule com
 at once, so each phase gets the machine), on two workloads:
 - ``repro``: the reproduction as shipped (one turn per episode);
 - ``long_tail``: the same team with up to ``LONG_TAIL_TURNS`` turns (an episode ends when the route
-  is right): from 1 to 8 turns, a step of the synchronous trainer waits for its longest.
+  is right) and its planner sampled hotter (``LONG_TAIL_PLAN_T``; at T = 1 nearly every episode ends in
+  one turn): from 1 to 8 turns, a step of the synchronous trainer waits for its longest.
 
 Each run trains ``STEPS`` steps from the warm start (no checkpoints, no validation); the first
 ``WARMUP`` are left out of the figures. Per run: rows trained per second of step time, steps per
@@ -43,6 +44,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = "plan_path_mas_full_repro_cpu"
 STEPS, WARMUP = 8, 2
 LONG_TAIL_TURNS = 8
+LONG_TAIL_PLAN_T = 3.0  # the warm planner at T = 1 solves nearly every problem in one turn: hotter, it fails some, for up to 8 turns
 COMMON = [f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
           "trainer.resume_mode=disable"]
 SETTINGS = {  # name -> (label, overrides)
@@ -51,7 +53,8 @@ SETTINGS = {  # name -> (label, overrides)
 }
 WORKLOADS = {  # name -> (label, overrides)
     "repro": ("the reproduction (1 turn)", []),
-    "long_tail": (f"up to {LONG_TAIL_TURNS} turns", [f"pettingllms.env_kwargs.max_turns={LONG_TAIL_TURNS}"]),
+    "long_tail": (f"up to {LONG_TAIL_TURNS} turns, plan T={LONG_TAIL_PLAN_T:g}",
+                  [f"pettingllms.env_kwargs.max_turns={LONG_TAIL_TURNS}", f"++pettingllms.roles.plan.sampling.temperature={LONG_TAIL_PLAN_T}"]),
 }
 
 
@@ -123,10 +126,10 @@ def main() -> None:
         row["rows_per_s_vs_sync"] = row["rows_per_s"] / sync[(row["workload"], row["repeat"])]["rows_per_s"]
     print(f"\nsteps {WARMUP + 1}-{STEPS} of each run, {usable_cores()} usable cores, rollout and trainer each on every core "
           "(base/cpu_one_run), one machine, runs interleaved")
-    print(f"{'workload':<26} {'trainer':<19} {'rep':>3} {'rows/s':>7} {'steps/h':>7} {'step s':>6} {'waits':>6} {'paused':>6} "
+    print(f"{'workload':<30} {'trainer':<19} {'rep':>3} {'rows/s':>7} {'steps/h':>7} {'step s':>6} {'waits':>6} {'paused':>6} "
           f"{'stale':>5} {'max':>3} {'turns':>5} {'vs sync':>8} {'apart':>6}")
     for row in runs:
-        print(f"{WORKLOADS[row['workload']][0]:<26} {SETTINGS[row['setting']][0]:<19} {row['repeat']:>3} {row['rows_per_s']:>7.2f} "
+        print(f"{WORKLOADS[row['workload']][0]:<30} {SETTINGS[row['setting']][0]:<19} {row['repeat']:>3} {row['rows_per_s']:>7.2f} "
               f"{row['steps_per_hour']:>7.0f} {row['step_s']:>6.1f} {row['trainer_waits']:>6.2f} {row['rollout_paused']:>6.2f} "
               f"{row['staleness_mean']:>5.2f} {row['staleness_max']:>3.0f} {row['turns_mean']:>5.2f} {row['rows_per_s_vs_sync']:>7.2f}x {row['separate_pools_bound']:>5.2f}x")
     summary = []

@@ -332,10 +332,10 @@ def test_requests_with_different_adapters_share_one_engine_call(server, chat_ids
 
 
 def test_abort_pauses_generation_until_resume_and_never_swaps_weights_under_a_running_call(rollout_config, tiny_model_dir, chat_ids):
-    """verl's asynchronous trainers pause every replica before a weight push: a request waiting for
-    the next engine call, and one that comes while paused, ends "aborted" with no tokens and no
-    version (verl's client asks again after resume_generation); the call under way finishes first,
-    and abort returns only after it (so no weights change under it)."""
+    """verl's asynchronous trainers pause every replica before a weight push. The engine call under
+    way finishes first, and abort returns only after it (no weights change under it); a request
+    waiting for the next call, and one that comes while paused, waits for resume_generation and is
+    answered whole by the weights pushed meanwhile; with reject_request they end "aborted", no tokens."""
     server = HFRolloutServer(rollout_config, OmegaConf.create({"path": tiny_model_dir}), 0)
     engine_generate, started, release = server.engine.generate, threading.Event(), threading.Event()
 
@@ -347,25 +347,34 @@ def test_abort_pauses_generation_until_resume_and_never_swaps_weights_under_a_ru
     server.engine.generate = held_call
     prompt = chat_ids("pause me")
 
+    def ask(name):
+        return asyncio.ensure_future(server.generate(name, prompt, {"temperature": 0.0, "max_tokens": 4}))
+
     async def scenario():
         await server.set_global_steps(5)
-        running = asyncio.ensure_future(server.generate("a", prompt, {"temperature": 0.0, "max_tokens": 4}))
+        running = ask("a")
         await asyncio.to_thread(started.wait, 120)
-        waiting = asyncio.ensure_future(server.generate("b", prompt, {"temperature": 0.0, "max_tokens": 4}))
+        waiting = ask("b")
         await asyncio.sleep(0)  # "b" joins the pending batch behind the running call
         abort = asyncio.ensure_future(server.abort_all_requests())
-        aborted = await waiting
-        during_pause = await server.generate("c", prompt, {"temperature": 0.0, "max_tokens": 4})
+        during_pause = ask("c")
+        await asyncio.sleep(0.1)
         assert not abort.done()  # the engine call under way holds it: nothing can set the idle event before release
         release.set()
         answered, abort_result = await running, await abort
+        await asyncio.sleep(0.1)
+        assert not waiting.done() and not during_pause.done()  # no engine call starts while paused
+        await server.set_global_steps(6)  # the push
         await server.resume_generation()
-        after = await server.generate("d", prompt, {"temperature": 0.0, "max_tokens": 4})
-        return answered, aborted, during_pause, abort_result, after
+        parked = await waiting, await during_pause
+        await server.abort_all_requests(reject_request=True)
+        rejected = await server.generate("d", prompt, {"temperature": 0.0, "max_tokens": 4})
+        await server.resume_generation()
+        return answered, abort_result, parked, rejected
 
-    answered, aborted, during_pause, abort_result, after = asyncio.run(scenario())
+    answered, abort_result, parked, rejected = asyncio.run(scenario())
     assert answered.stop_reason == "completed" and answered.token_ids and answered.extra_fields["global_steps"] == 5
-    for out in (aborted, during_pause):
-        assert out.stop_reason == "aborted" and out.token_ids == [] and out.extra_fields["global_steps"] is None
-    assert abort_result["aborted_count"] == 1
-    assert after.stop_reason == "completed" and after.token_ids == answered.token_ids  # greedy, same weights
+    assert abort_result["aborted_count"] == 0
+    for out in parked:  # greedy, the same weights (the push only renumbered them): the same reply, at version 6
+        assert out.stop_reason == "completed" and out.token_ids == answered.token_ids and out.extra_fields["global_steps"] == 6
+    assert rejected.stop_reason == "aborted" and rejected.token_ids == [] and rejected.extra_fields["global_steps"] is None

@@ -158,9 +158,10 @@ class HFRolloutServer:
         self._pending: list[tuple[list[int], SamplingSpec, str | None, dict | None, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
-        # verl's abort/resume (asynchronous trainers, around a weight push): while paused, a request
-        # is answered "aborted" with no tokens and verl's client asks again after resume_generation
-        self._paused = False
+        # verl's abort/resume (asynchronous trainers, around a weight push): while paused, requests
+        # wait (verl's "parked") and no engine call starts; with reject_request they end "aborted"
+        self._paused = self._rejecting = False
+        self._resumed: asyncio.Event | None = None  # clear while paused
         self._engine_idle: asyncio.Event | None = None  # clear while an engine call runs
 
     async def generate(
@@ -179,18 +180,19 @@ class HFRolloutServer:
             )
         spec = SamplingSpec.from_verl(sampling_params, default_max_tokens=budget)
         served_by = self.policy if adapter is None else adapter
-        if self._paused:
+        if self._rejecting:
             return self._aborted(served_by)
         if self._batcher is None or self._batcher.done():  # first call, or its event loop has closed (asyncio.run per call)
-            self._wakeup = asyncio.Event()
-            self._engine_idle = asyncio.Event()
+            self._wakeup, self._resumed, self._engine_idle = asyncio.Event(), asyncio.Event(), asyncio.Event()
             self._engine_idle.set()
+            if not self._paused:
+                self._resumed.set()
             self._batcher = asyncio.get_running_loop().create_task(self._serve_batches())
         future = asyncio.get_running_loop().create_future()
         self._pending.append((prompt_ids, spec, adapter, images, future))
         self._wakeup.set()
         generation = await future
-        if generation is None:  # aborted before its engine call began
+        if generation is None:  # rejected before its engine call began
             return self._aborted(served_by)
         # which weights answered: an adapter is a policy of its own (L1), with its own version
         version = self.global_steps if adapter is None else self.adapter_steps.get(adapter)
@@ -204,7 +206,10 @@ class HFRolloutServer:
     async def _serve_batches(self) -> None:
         while True:
             await self._wakeup.wait()
+            await self._resumed.wait()  # paused: the requests wait, no engine call starts (abort_all_requests)
             await self._gather()
+            if self._paused:  # paused while gathering: resume_generation wakes the batcher again
+                continue
             batch, self._pending = self._pending, []
             if not batch:
                 continue
@@ -299,21 +304,30 @@ class HFRolloutServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
-        """Pause generation (verl's asynchronous trainers, before a weight push): requests waiting
-        for the next engine call, and any that come until ``resume_generation``, end "aborted" with
-        no tokens (verl's client asks again after the push: the reply is all from the new weights).
-        An engine call under way cannot be interrupted: it finishes first, so no weights change under it."""
-        self._paused = True
-        waiting, self._pending = self._pending, []
-        for *_request, future in waiting:
-            if not future.done():
-                future.set_result(None)
+        """Pause generation (verl's asynchronous trainers, before a weight push). An engine call
+        under way cannot be interrupted: it finishes first, and this returns after it, so no weights
+        change under it. The requests waiting for the next call, and those that come until
+        ``resume_generation``, wait for it (none has a token yet: each is answered whole by the
+        weights pushed meanwhile, with no retry delay); with ``reject_request`` they end "aborted"
+        with no tokens instead (verl's client asks again)."""
+        self._paused, self._rejecting = True, reject_request
+        if self._resumed is not None:
+            self._resumed.clear()
+        rejected = []
+        if reject_request:
+            rejected, self._pending = self._pending, []
+            for *_request, future in rejected:
+                if not future.done():
+                    future.set_result(None)
         if self._engine_idle is not None:
             await self._engine_idle.wait()
-        return {"aborted_count": len(waiting), "request_ids": []}
+        return {"aborted_count": len(rejected), "request_ids": []}
 
     async def resume_generation(self) -> None:
-        self._paused = False
+        self._paused = self._rejecting = False
+        if self._resumed is not None:
+            self._resumed.set()
+            self._wakeup.set()  # requests that waited through the pause
 
     @staticmethod
     def _aborted(served_by: str) -> TokenOutput:
