@@ -9,7 +9,7 @@ at once, so each phase gets the machine), on two workloads:
 - ``repro``: the reproduction as shipped (one turn per episode);
 - ``long_tail``: the same team with up to ``LONG_TAIL_TURNS`` turns (an episode ends when the route
   is right) and its planner sampled hotter (``LONG_TAIL_PLAN_T``; at T = 1 nearly every episode ends in
-  one turn): from 1 to 8 turns, a step of the synchronous trainer waits for its longest.
+  one turn; at T = 3 every episode runs all 8 turns, so this is not yet a tail: benchmarks/RESULTS.md).
 
 Each run trains ``STEPS`` steps from the warm start (no checkpoints, no validation); the first
 ``WARMUP`` are left out of the figures. Per run: rows trained per second of step time, steps per
