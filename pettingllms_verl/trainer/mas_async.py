@@ -7,7 +7,7 @@ verl's own ``PPOTrainerColocateAsync`` hooks and run over every policy at once:
     start: num_warmup_batches more prompts than a step trains go to the rollout
     sample: the step takes the first train_batch_size prompt groups that finish, whole
             (every row of a problem: each AT-GRPO group complete); the others play on
-    then every policy's generation pauses (requests under way are asked again after the push)
+    then every policy's generation pauses (a request under way waits, or is continued, after the push)
     train each policy on its rows (as mas_sync)
     push every trainable policy's weights, resume generation, submit the next batch of prompts
 
@@ -30,7 +30,7 @@ from pettingllms_verl.trainer.mas_trainer import MASTrainer
 @register_trainer("mas_colocate_async")
 class MASColocateAsyncTrainer(MASTrainer):
     mode = "mas_colocate_async"
-    llm_client_cls = FullyAsyncLLMServerClient  # asks an aborted request again after the weight push
+    llm_client_cls = FullyAsyncLLMServerClient  # continues a request a server aborted, after the weight push
     # verl's colocate_async hooks as they are, over MultiCheckpointManager (every policy's replicas)
     on_init_end = PPOTrainerColocateAsync.on_init_end
     on_train_begin = PPOTrainerColocateAsync.on_train_begin
