@@ -500,7 +500,7 @@ class MASTrainer(PPOTrainerSync):
 
     def _staleness(self, part: KVBatchMeta, policy: str) -> dict[str, float]:
         """How many weight pushes behind this policy's newest its rows' replies were sampled (0: the
-        weights this step trains; > 0 only in an asynchronous mode); a frozen policy's are 0."""
+        weights this step trains; > 0 only in an asynchronous mode); a frozen policy's are not reported."""
         if not self.policy_table[policy].trainable:
             return {}
         tags = tq.kv_batch_get(keys=part.keys, partition_id=part.partition_id, select_fields=["extra_fields"])["extra_fields"]
