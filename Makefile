@@ -25,7 +25,7 @@ export VERL_FILE_LOGGER_ROOT ?= $(ARTIFACTS)/logs
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-24s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help run install install-autogen model model-vl real-model real-warm-start reproduce-real reproduce reproduce-ppo reproduce-program reproduce-async model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
+.PHONY: help lint run install install-autogen model model-vl real-model real-warm-start reproduce-real reproduce reproduce-ppo reproduce-program reproduce-async model-plan-path-demos data model-plan-path model-math model-code data-plan-path data-math data-code plan-path math code quickstart test test-fast test-vllm install-vllm test-gpu bench clean FORCE
 
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux torch is a multi-GB CUDA build (with
 # equal versions pip prefers 2.13.0+cpu; offline, a local 2.13.0+cpu wheel is taken after a few retries).
@@ -220,7 +220,7 @@ quickstart: model data  ## install, build the tiny model and data, train QUICKST
 # main_ppo run happens once): an end-to-end main_ppo run keeps about one core busy, so 2 on 2 cores.
 TEST_JOBS ?= 2
 # .venv-vllm is built first: a machine that cannot build it (no libnuma) says so before the main tier's 20 minutes
-test: $(VENV)/.installed $(VENV_VLLM)/.installed $(VENV_AUTOGEN)/.installed real-model  ## the whole test suite: the main tier (35-50 minutes on 2 cores), then the vLLM tier (about 13)
+test: $(VENV)/.installed $(VENV_VLLM)/.installed $(VENV_AUTOGEN)/.installed real-model lint  ## the whole test suite: the linter, the main tier (35-50 minutes on 2 cores), then the vLLM tier (about 13)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 	@$(MAKE) --no-print-directory test-vllm
 
@@ -242,6 +242,9 @@ $(VENV_AUTOGEN)/.installed: examples/agents/autogen-requirements.txt pyproject.t
 	touch $@
 
 install-autogen: $(VENV_AUTOGEN)/.installed  ## build .venv-autogen: AutoGen AgentChat for examples/agents/plan_path_autogen.py
+
+lint: $(VENV)/.installed  ## ruff over the repository (its rules and line length: pyproject.toml)
+	$(PY) -m ruff check .
 
 test-vllm: $(VENV_VLLM)/.installed  ## the vLLM tier alone (tests/vllm_tier, in .venv-vllm), its files TEST_JOBS at a time
 	$(VENV_VLLM)/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder tests/vllm_tier

@@ -34,7 +34,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 from pettingllms_verl.backends.cpu import usable_cores
 
@@ -131,7 +130,8 @@ def main() -> None:
     for row in runs:
         print(f"{WORKLOADS[row['workload']][0]:<30} {SETTINGS[row['setting']][0]:<19} {row['repeat']:>3} {row['rows_per_s']:>7.2f} "
               f"{row['steps_per_hour']:>7.0f} {row['step_s']:>6.1f} {row['trainer_waits']:>6.2f} {row['rollout_paused']:>6.2f} "
-              f"{row['staleness_mean']:>5.2f} {row['staleness_max']:>3.0f} {row['turns_mean']:>5.2f} {row['rows_per_s_vs_sync']:>7.2f}x {row['separate_pools_bound']:>5.2f}x")
+              f"{row['staleness_mean']:>5.2f} {row['staleness_max']:>3.0f} {row['turns_mean']:>5.2f} {row['rows_per_s_vs_sync']:>7.2f}x "
+              f"{row['separate_pools_bound']:>5.2f}x")
     summary = []
     for workload in workloads:
         ratios = [row["rows_per_s_vs_sync"] for row in runs if row["workload"] == workload and row["setting"] == "colocate"]

@@ -33,7 +33,7 @@ from pettingllms_verl.data.rows import task_row
 from pettingllms_verl.envs.plan_path.env import PlanPathEnv
 from pettingllms_verl.models.tiny import build
 from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
-from pettingllms_verl.rollout.episode import ERRORS
+from pettingllms_verl.episodes.tags import ERRORS
 from pettingllms_verl.trainer.mas_trainer import episode_metrics
 
 K = 2

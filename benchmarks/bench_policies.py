@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import psutil
 
@@ -127,7 +126,8 @@ def main() -> None:
             figures["step_vs_l0"] = figures["step_s"] / l0["step_s"]
             figures["memory_vs_l0"] = (figures["trainer_gib"] + figures["rollout_gib"]) / (l0["trainer_gib"] + l0["rollout_gib"])
             rows.append(figures)
-            print(f"{model_name:<6} {mode:<16} {figures['step_s']:>8.2f} {figures['critic_frac']:>7.1%} {figures['trainer_gib']:>12.2f} {figures['rollout_gib']:>12.2f} "
+            print(f"{model_name:<6} {mode:<16} {figures['step_s']:>8.2f} {figures['critic_frac']:>7.1%} {figures['trainer_gib']:>12.2f} "
+                  f"{figures['rollout_gib']:>12.2f} "
                   f"{figures['step_vs_l0']:>7.2f}x {figures['memory_vs_l0']:>9.2f}x", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -28,7 +28,8 @@ what a step drew (generation does not scale with it). Run it with nothing else o
 so that a drift of the machine reaches every setting alike; each ratio is taken within a repeat and
 reported as its mean over the repeats with a 95 % t interval (N - 1 degrees of freedom).
 
-    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded,one_thread,baseline_threads] [--repeats N] [--unequal-threads] [--out benchmarks/results/real_step.json]
+    python benchmarks/bench_real_step.py [--runs baseline,recipe,unfolded,one_thread,baseline_threads] [--repeats N]
+        [--unequal-threads] [--out benchmarks/results/real_step.json]
     python benchmarks/bench_real_step.py --logs DIR   # the table again from a run's logs (DIR/<run>[_<repeat>].jsonl)
 """
 
@@ -92,7 +93,8 @@ def run(root: str, name: str, log: str) -> dict:
     recipe_threads = OmegaConf.load(os.path.join(REPO, "recipes", "base", "cpu_one_run.yaml")).actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads
     threads = {"{threads}": recipe_threads, "{one_thread}": 1}
     overrides = [expanded for override in overrides
-                 for expanded in ([t.format(n=threads[override]) for t in THREADS] if override in threads else [override.format(model=os.path.join(root, smollm2.FOLDER))])]
+                 for expanded in ([t.format(n=threads[override]) for t in THREADS] if override in threads
+                                  else [override.format(model=os.path.join(root, smollm2.FOLDER))])]
     train(name, recipe, [f"trainer.total_training_steps={steps}", *COMMON, *overrides], root=root, log=log,
           env={**os.environ, "PETTINGLLMS_ARTIFACTS": root})
     return figures(log)
@@ -162,12 +164,15 @@ def ratio_text(value: float | None, interval: dict | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (ratios against baseline and, where it ran, baseline_threads)")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from: {', '.join(RUNS)} (ratios against baseline and, where it ran, "
+                                                               "baseline_threads)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; 2 or more: each ratio's 95 %% t interval over them")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "real_step.json"))
     parser.add_argument("--unequal-threads", action="store_true",
-                        help="also give ratios against a baseline whose sides run on other threads than the setting's (marked: they credit the setting with its cores)")
-    parser.add_argument("--logs", help="a folder with the runs' file logs (<run>.jsonl, or <run>_<repeat>.jsonl with --repeats): print and write the table from them, run nothing")
+                        help="also give ratios against a baseline whose sides run on other threads than the setting's (marked: they credit the setting with "
+                             "its cores)")
+    parser.add_argument("--logs", help="a folder with the runs' file logs (<run>.jsonl, or <run>_<repeat>.jsonl with --repeats): print and write the table "
+                                       "from them, run nothing")
     args = parser.parse_args()
     names = args.runs.split(",")
     unknown = sorted(set(names) - set(RUNS))

@@ -157,7 +157,8 @@ def main(argv=None) -> None:
     result["shared_prompt"] = shared_prompt_times(args.k, args.prompt_tokens, args.tokens, args.episodes, args.common_tokens, args.device,
                                                   with_vllm=args.vllm)
     vllm_head = " vLLM (s) | vLLM tokens/s | hf shared tokens/s |" if args.vllm else ""
-    print(f"\n| {args.prompt_tokens}-token prompts, {args.tokens} tokens each | model | hf shared prefill (s) | hf every prompt whole (s) | speed-up |{vllm_head}")
+    print(f"\n| {args.prompt_tokens}-token prompts, {args.tokens} tokens each | model | hf shared prefill (s) | hf every prompt whole (s) | speed-up "
+          f"|{vllm_head}")
     print("|---|---|---|---|---|" + ("---|---|---|" if args.vllm else ""))
     for row in result["shared_prompt"]:
         generated = row["requests"] * row["tokens_per_request"]

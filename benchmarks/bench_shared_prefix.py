@@ -26,6 +26,8 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # tests/support: verl's engine in this process
+
 CASES = (  # (name, prompt tokens, reply tokens)
     ("plan_path", 260, 36),
     ("multi_turn", 900, 60),
@@ -52,7 +54,7 @@ def engine_rows(model_name: str, model_path: str, groups: int, repeats: int) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pettingllms_verl.backends.hf.engine import HFGenerationEngine, SamplingSpec
-    from pettingllms_verl.trainer.local_engine import local_engine, no_padding_batch
+    from support.local_engine import local_engine, no_padding_batch
     from pettingllms_verl.trainer.shared_prefix import SharedPrefixFSDPEngine
 
     engine = local_engine(model_path, engine_cls=SharedPrefixFSDPEngine)
@@ -115,7 +117,8 @@ HEADER = ("| model | case (prompt/reply tokens) | K | tokens plain → shared | 
 def _format(r: dict) -> str:
     return (f"| {r['model']} | {r['case']} ({r['prompt_tokens']}/{r['reply_tokens']}) | {r['k']} | {r['tokens_plain']} → {r['tokens_shared']} "
             f"| {r['prefill_plain_s']:.3f} / {r['prefill_shared_s']:.3f} | {r['old_log_prob_plain_s']:.3f} / {r['old_log_prob_shared_s']:.3f} "
-            f"| {r['update_plain_s']:.3f} / {r['update_shared_s']:.3f} | {r['prefill_speedup']:.2f}x / {r['old_log_prob_speedup']:.2f}x / {r['update_speedup']:.2f}x |")
+            f"| {r['update_plain_s']:.3f} / {r['update_shared_s']:.3f} | {r['prefill_speedup']:.2f}x / {r['old_log_prob_speedup']:.2f}x / "
+            f"{r['update_speedup']:.2f}x |")
 
 
 def main(argv=None) -> None:

@@ -35,14 +35,16 @@ def main() -> None:
     prepare(root, [])  # the Plan-Path 6x6 splits
     model = build(os.path.join(root, "tiny_vl_model"), seed=0)
     print(f"image tokens per plan prompt: {image_tokens()}")
-    print(f"{'mode':<6} {'step s':>8} " + " ".join(f"{part + ' s':>14}" for part in PARTS) + f" {'prompt tok':>11} {'trainer GiB':>12} {'rollout GiB':>12} {'step/text':>10}", flush=True)
+    print(f"{'mode':<6} {'step s':>8} " + " ".join(f"{part + ' s':>14}" for part in PARTS) + f" {'prompt tok':>11} {'trainer GiB':>12} {'rollout GiB':>12} "
+                                                                                             f"{'step/text':>10}", flush=True)
     rows = []
     for mode, overrides in MODES.items():
         figures = {"mode": mode, **run(root, RECIPE, overrides, model, args.steps)}
         figures["step_vs_text"] = figures["step_s"] / rows[0]["step_s"] if rows else 1.0
         rows.append(figures)
         print(f"{mode:<6} {figures['step_s']:>8.2f} " + " ".join(f"{figures[part + '_s']:>14.2f}" for part in PARTS)
-              + f" {figures['prompt_tokens']:>11.1f} {figures['trainer_gib']:>12.2f} {figures['rollout_gib']:>12.2f} {figures['step_vs_text']:>9.2f}x", flush=True)
+              + f" {figures['prompt_tokens']:>11.1f} {figures['trainer_gib']:>12.2f} {figures['rollout_gib']:>12.2f}"
+              + f" {figures['step_vs_text']:>9.2f}x", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"image_tokens_per_image": image_tokens(), "rows": rows}, f, indent=2)

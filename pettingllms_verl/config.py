@@ -34,7 +34,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -92,12 +92,12 @@ def check_temperature(key: str, temperature: Any) -> None:
 class SamplingConfig:
     """Per-role overrides of verl's sampling params (unset = the rollout's own)."""
 
-    temperature: Optional[float] = key("sampling temperature of this role's replies")
-    top_p: Optional[float] = key("nucleus sampling threshold")
-    top_k: Optional[int] = key("top-k sampling (-1: off)")
-    max_tokens: Optional[int] = key("reply budget (capped by rollout.response_length)")
-    stop: Optional[List[str]] = key("stop strings")
-    repetition_penalty: Optional[float] = key("above 1 discourages repeats")
+    temperature: float | None = key("sampling temperature of this role's replies")
+    top_p: float | None = key("nucleus sampling threshold")
+    top_k: int | None = key("top-k sampling (-1: off)")
+    max_tokens: int | None = key("reply budget (capped by rollout.response_length)")
+    stop: list[str] | None = key("stop strings")
+    repetition_penalty: float | None = key("above 1 discourages repeats")
 
     def params(self) -> dict[str, Any]:
         return {key: value for key, value in vars(self).items() if value is not None}
@@ -109,10 +109,12 @@ DISTRIBUTION_KEYS = ("temperature", "top_p", "top_k")
 
 @dataclass
 class RoleConfig:
-    policy: Optional[str] = key("policy that acts for this role (a key of `policies`); default: the only policy")
+    policy: str | None = key("policy that acts for this role (a key of `policies`); default: the only policy")
     sampling: SamplingConfig = key("this role's sampling overrides in training", factory=SamplingConfig)
-    val_sampling: SamplingConfig = key("this role's sampling overrides in validation (default: verl's val_kwargs; sampling's max_tokens/stop still apply)", factory=SamplingConfig)
-    reward: Optional[str] = key("your reward for this role's replies, 'module:function' or 'file.py:function': fn(role=, reply=, result=, env=) -> float replaces the env's local reward")
+    val_sampling: SamplingConfig = key("this role's sampling overrides in validation (default: verl's val_kwargs; sampling's max_tokens/stop still apply)",
+                                       factory=SamplingConfig)
+    reward: str | None = key("your reward for this role's replies, 'module:function' or 'file.py:function': fn(role=, reply=, result=, env=) -> float "
+                             "replaces the env's local reward")
 
 
 @dataclass
@@ -121,8 +123,8 @@ class AdapterConfig:
 
     rank: int = key("LoRA rank r", 8)
     alpha: int = key("LoRA alpha (the update is scaled by alpha / rank)", 16)
-    target_modules: List[str] = key("module names to adapt, or [\"all-linear\"]", factory=lambda: ["all-linear"])
-    path: Optional[str] = key("start from this peft adapter folder (adapter_config.json + adapter_model.safetensors)")
+    target_modules: list[str] = key("module names to adapt, or [\"all-linear\"]", factory=lambda: ["all-linear"])
+    path: str | None = key("start from this peft adapter folder (adapter_config.json + adapter_model.safetensors)")
 
     def lora_config(self) -> dict[str, Any]:
         """peft ``LoraConfig`` fields."""
@@ -138,12 +140,13 @@ class PolicyConfig:
     """One policy: a full model with its own trainer worker group and rollout replicas (L2), or a
     LoRA adapter on the run's base model, sharing one worker group with the other adapters (L1)."""
 
-    overrides: Dict[str, Any] = key("merged into actor_rollout_ref for this policy (model.path, actor.optim.lr, rollout.gpu_memory_utilization, ...)", factory=dict)
+    overrides: dict[str, Any] = key("merged into actor_rollout_ref for this policy (model.path, actor.optim.lr, rollout.gpu_memory_utilization, ...)",
+                                    factory=dict)
     trainable: bool = key("false: it generates but is never updated (a frozen role)", True)
     pool: str = key("shared: colocated on the trainer's GPUs (trainer.n_gpus_per_node x nnodes) | own: GPUs of its own", "shared")
-    n_gpus_per_node: Optional[int] = key("pool=own: GPUs per node of its pool (default trainer.n_gpus_per_node)")
-    nnodes: Optional[int] = key("pool=own: nodes of its pool (default trainer.nnodes)")
-    adapter: Optional[AdapterConfig] = key("set: this policy is a LoRA adapter on actor_rollout_ref's model (L1)")
+    n_gpus_per_node: int | None = key("pool=own: GPUs per node of its pool (default trainer.n_gpus_per_node)")
+    nnodes: int | None = key("pool=own: nodes of its pool (default trainer.nnodes)")
+    adapter: AdapterConfig | None = key("set: this policy is a LoRA adapter on actor_rollout_ref's model (L1)")
 
     def own_pool(self, trainer_gpus_per_node: int, trainer_nnodes: int) -> list[int]:
         """GPUs per node of this policy's own pool (verl's resource-pool spec); [] on the shared pool."""
@@ -160,19 +163,21 @@ class PolicyConfig:
 class PathsConfig:
     """``pettingllms.paths``: where things are read and written."""
 
-    artifacts: Optional[str] = key("where `make` puts models, data and checkpoints (recipes interpolate it)")
-    batch_dump_dir: Optional[str] = key("if set, each step's training rows are written there as JSONL")
-    episode_log_dir: Optional[str] = key("if set, every episode (training and validation) is appended there as JSONL: prompts, replies, rewards, tree branches")
+    artifacts: str | None = key("where `make` puts models, data and checkpoints (recipes interpolate it)")
+    batch_dump_dir: str | None = key("if set, each step's training rows are written there as JSONL")
+    episode_log_dir: str | None = key("if set, every episode (training and validation) is appended there as JSONL: prompts, replies, rewards, tree branches")
 
 
 @dataclass
 class TrainerConfig:
     """``pettingllms.trainer``: knobs of the mas_sync trainer."""
 
-    mini_batches_per_step: Optional[int] = key("optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)")
-    replay_poll_interval_s: Optional[float] = key("how often verl's replay buffer polls for finished episodes (verl: 2 s)")
-    fault_budget: float = key("largest share of a training step's (or a validation pass's) episodes that may end by a fault (engine_error, env_error) before the run stops; a dead engine stops it always", 0.5)
-    null_reward: Optional[str] = key("permute: the null-training control, each reply's reward shuffled among the replies of its AT-GRPO group before its advantage (the same replies, steps and advantage scale, no information on which reply earned it); null: off")
+    mini_batches_per_step: int | None = key("optimizer steps per policy per training step, whatever the row count (null: verl's ppo_mini_batch_size rows each)")
+    replay_poll_interval_s: float | None = key("how often verl's replay buffer polls for finished episodes (verl: 2 s)")
+    fault_budget: float = key("largest share of a training step's (or a validation pass's) episodes that may end by a fault (engine_error, env_error) before "
+                              "the run stops; a dead engine stops it always", 0.5)
+    null_reward: str | None = key("permute: the null-training control, each reply's reward shuffled among the replies of its AT-GRPO group before its "
+                                  "advantage (the same replies, steps and advantage scale, no information on which reply earned it); null: off")
 
 
 @dataclass
@@ -180,14 +185,22 @@ class ProgramConfig:
     """``pettingllms.program``: a team written as a program that speaks the OpenAI API (docs/agent-programs.md).
     Each of its calls names an agent in ``model``; the agents are the recipe's ``roles``."""
 
-    target: Optional[str] = key("the team program, 'module:function' or 'file.py:function' (sync or async): fn(task, client) -> reward; run in a process of its own per episode")
-    command: Optional[List[str]] = key("or a command (any language): reads OPENAI_BASE_URL, OPENAI_API_KEY and PETTINGLLMS_TASK_FILE (the task, a JSON file) from its environment, prints its reward as the last line")
-    reward: Optional[str] = key("optional 'module:function': fn(task=, transcript=, output=) -> reward (any form a program may return), over the recorded calls (replaces what the program returns)")
-    success_at: float = key("an episode counts as solved when its team reward (or the mean of its agents' rewards) reaches this, unless the program returns its own success", 1.0)
-    time_limit_s: float = key("wall time a program run may take; past it its processes are killed and the episode is lost (program_timeout), or rewarded limit_reward", 300.0)
-    max_calls: int = key("most model calls one program run may make (all agents together); one more loses the episode (program_call_limit), or rewards it limit_reward", 64)
-    limit_reward: Optional[float] = key("the reward of every call of a run stopped at max_calls or time_limit_s: it trains as a truncated episode (program_limit, never a success), as an environment's out of turns does; null: such a run is a fault, its episode lost")
-    max_parallel_runs: int = key("program runs alive at once per rollout worker (agent.num_workers of them: the machine's bound is the product); each run is a process, ~30 MB and up; the others wait their turn before their time limit starts", 64)
+    target: str | None = key("the team program, 'module:function' or 'file.py:function' (sync or async): fn(task, client) -> reward; run in a process of its "
+                             "own per episode")
+    command: list[str] | None = key("or a command (any language): reads OPENAI_BASE_URL, OPENAI_API_KEY and PETTINGLLMS_TASK_FILE (the task, a JSON file) "
+                                    "from its environment, prints its reward as the last line")
+    reward: str | None = key("optional 'module:function': fn(task=, transcript=, output=) -> reward (any form a program may return), over the recorded calls "
+                             "(replaces what the program returns)")
+    success_at: float = key("an episode counts as solved when its team reward (or the mean of its agents' rewards) reaches this, unless the program returns "
+                            "its own success", 1.0)
+    time_limit_s: float = key("wall time a program run may take; past it its processes are killed and the episode is lost (program_timeout), or rewarded "
+                              "limit_reward", 300.0)
+    max_calls: int = key("most model calls one program run may make (all agents together); one more loses the episode (program_call_limit), or rewards it "
+                         "limit_reward", 64)
+    limit_reward: float | None = key("the reward of every call of a run stopped at max_calls or time_limit_s: it trains as a truncated episode "
+                                     "(program_limit, never a success), as an environment's out of turns does; null: such a run is a fault, its episode lost")
+    max_parallel_runs: int = key("program runs alive at once per rollout worker (agent.num_workers of them: the machine's bound is the product); each run is "
+                                 "a process, ~30 MB and up; the others wait their turn before their time limit starts", 64)
     host: str = key("the interface the gateway listens on (loopback unless you need the program elsewhere)", "127.0.0.1")
     max_request_bytes: int = key("largest request body the gateway accepts", 4 * 1024 * 1024)
 
@@ -216,12 +229,15 @@ class PettingLLMsConfig:
     rollout_mode: str = key("tree: K branches per (turn, role) node | independent: plain episodes (rollout.n of them)", "tree")
     k: int = key("branches per tree node", 4)
     alpha: float = key("mixed reward = alpha * team reward + role reward", 1.0)
-    group_by: List[str] = key("parts of a reply's GRPO group key beside its problem (turn, role, tree node); [] groups by problem alone (the credit-assignment ablation)", factory=lambda: list(GROUP_PARTS))
-    env_kwargs: Dict[str, Any] = key("the environment's options: pettingllms_verl.envs.make(name, **env_kwargs)", factory=dict)
-    envs: Dict[str, str] = key("your environments: name -> 'module:Class' (or 'file.py:Class'), registered in every rollout worker; rows name them in extra_info.env", factory=dict)
-    roles: Dict[str, RoleConfig] = key("per role: policy and sampling overrides", factory=dict)
-    policies: Dict[str, PolicyConfig] = key("name -> policy (a name: letters, digits, _ and -; it names the checkpoint folder and metrics); empty: one policy \"shared\"", factory=dict)
-    swap_policies: Optional[List[str]] = key("two policy names: validation also runs with each one's roles served by the other (metrics under swap/)")
+    group_by: list[str] = key("parts of a reply's GRPO group key beside its problem (turn, role, tree node); [] groups by problem alone (the "
+                              "credit-assignment ablation)", factory=lambda: list(GROUP_PARTS))
+    env_kwargs: dict[str, Any] = key("the environment's options: pettingllms_verl.envs.make(name, **env_kwargs)", factory=dict)
+    envs: dict[str, str] = key("your environments: name -> 'module:Class' (or 'file.py:Class'), registered in every rollout worker; rows name them in "
+                               "extra_info.env", factory=dict)
+    roles: dict[str, RoleConfig] = key("per role: policy and sampling overrides", factory=dict)
+    policies: dict[str, PolicyConfig] = key("name -> policy (a name: letters, digits, _ and -; it names the checkpoint folder and metrics); empty: one policy "
+                                            "\"shared\"", factory=dict)
+    swap_policies: list[str] | None = key("two policy names: validation also runs with each one's roles served by the other (metrics under swap/)")
     paths: PathsConfig = key("where models, data, checkpoints and logs go", factory=PathsConfig)
     trainer: TrainerConfig = key("knobs of the mas_sync trainer", factory=TrainerConfig)
     program: ProgramConfig = key("a team program in place of the rows' environment (its agents: the roles)", factory=ProgramConfig)
@@ -298,7 +314,8 @@ class PettingLLMsConfig:
         if self.program.target and self.program.command:
             raise SettingsError(f"{SECTION}.program.command: a program is a target or a command, not both; drop one")
         if self.program.enabled and not self.roles:
-            raise SettingsError(f"{SECTION}.roles: a program's agents are the roles its calls name in `model`; list them (e.g. {SECTION}.roles.planner.policy=...)")
+            raise SettingsError(f"{SECTION}.roles: a program's agents are the roles its calls name in `model`; list them (e.g. "
+                                f"{SECTION}.roles.planner.policy=...)")
         for name in ("time_limit_s", "max_calls", "max_parallel_runs"):
             if getattr(self.program, name) <= 0:
                 raise SettingsError(f"{SECTION}.program.{name}: {getattr(self.program, name)}; must be positive")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from typing import Any
 
@@ -25,17 +26,18 @@ the rest of a recipe is verl's own configuration. `<role>` is a role of the envi
 """
 
 
+UNIONS = (typing.Union, types.UnionType)  # Optional[X] and X | None
 ENTRY = {"roles": "role", "policies": "policy"}  # what a map section's keys are called in the key column
 
 
 def _type_name(annotation: Any) -> str:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Union:
+    if origin in UNIONS:
         inner = [arg for arg in args if arg is not type(None)]
         return f"{_type_name(inner[0])} or null"
-    if origin in (list, typing.List):
+    if origin is list:
         return f"list of {_type_name(args[0])}"
-    if origin in (dict, typing.Dict):
+    if origin is dict:
         return f"map of {_type_name(args[0])} to {_type_name(args[1])}".replace("to section", "to sections")
     if dataclasses.is_dataclass(annotation):
         return "section"
@@ -60,8 +62,8 @@ def rows(schema: type, prefix: str) -> list[tuple[str, str, str, str]]:
         key = f"{prefix}.{item.name}"
         found.append((key, _type_name(annotation), _default(item), item.metadata.get("help", "")))
         origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-        nested = [arg for arg in (args if origin is typing.Union else (annotation,)) if dataclasses.is_dataclass(arg)]
-        if origin in (dict, typing.Dict) and dataclasses.is_dataclass(args[1]):
+        nested = [arg for arg in (args if origin in UNIONS else (annotation,)) if dataclasses.is_dataclass(arg)]
+        if origin in (dict, dict) and dataclasses.is_dataclass(args[1]):
             found += rows(args[1], f"{key}.<{ENTRY.get(item.name, 'name')}>")
         elif nested:
             found += rows(nested[0], key)

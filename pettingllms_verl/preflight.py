@@ -567,7 +567,8 @@ def _check_null_reward(config: DictConfig) -> None:
         raise ConfigError(key, f"the control with algorithm.adv_estimator={estimator!r}: it shuffles rewards within AT-GRPO's groups",
                           "set algorithm.adv_estimator=at_grpo, or pettingllms.trainer.null_reward=null")
     tree = _select(config, "pettingllms.rollout_mode") in (None, "tree")
-    replies, what = (_select(config, "pettingllms.k") or 4, "pettingllms.k") if tree else (_select(config, "actor_rollout_ref.rollout.n") or 1, "actor_rollout_ref.rollout.n")
+    what = "pettingllms.k" if tree else "actor_rollout_ref.rollout.n"
+    replies = _select(config, what) or (4 if tree else 1)
     if int(replies) < 2:
         raise ConfigError(key, f"the control with {what}={replies}: every group holds one reply, so shuffling its rewards "
                           "changes nothing and the run would train on the reward as it is", f"set {what} to 2 or more")

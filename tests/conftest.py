@@ -123,3 +123,14 @@ def updated_actor(tiny_model_dir):
         return actor
 
     return update
+
+
+@pytest.fixture(scope="module")
+def plan_path_rows(tmp_path_factory):
+    """Two Plan-Path 4x4 problems as a training parquet file (the config checks read its rows)."""
+    from pettingllms_verl.data.rows import write_parquet
+    from pettingllms_verl.envs.splits import generate_splits
+
+    path = tmp_path_factory.mktemp("rows") / "train.parquet"
+    write_parquet(generate_splits("plan_path", {"train": 2}, {"size": 4})["train"], str(path))
+    return str(path)

@@ -123,12 +123,52 @@ def test_no_module_of_the_package_imports_one_that_imports_it_back():
 
 def test_loading_the_plugin_imports_no_environment_gateway_or_team_program_module():
     """What every verl process pays for the plugin: registration imports the trainer, which reads the
-    rows' names from ``rollout.tags``, not the episode loop with its environments and gateway."""
+    rows' names from ``episodes.tags``, not the episode loop with its environments and gateway."""
     import subprocess
     import sys
 
     code = ("import sys, pettingllms_verl.plugin; print(sorted(m for m in sys.modules if m.startswith(("
-            "'pettingllms_verl.envs', 'pettingllms_verl.programs', 'pettingllms_verl.rollout.agent_loop', 'pettingllms_verl.rollout.episode'))))")
+            "'pettingllms_verl.envs', 'pettingllms_verl.programs', 'pettingllms_verl.rollout.agent_loop', 'pettingllms_verl.episodes.core'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+# The package's floors, lowest first: a room (a subpackage, or a top-level module) imports rooms of its
+# own floor or lower ones only (docs/architecture.md). A new room goes on a floor here.
+FLOORS = (
+    {"__init__", "config", "algo", "compat", "placement", "memory", "targets", "files", "artifacts", "lora_names", "recipes"},
+    {"data", "sandbox"},
+    {"envs"},
+    {"episodes"},
+    {"programs", "backends"},
+    {"rollout"},
+    {"trainer"},
+    {"registration", "plugin", "preflight", "eval", "models", "data_prep", "config_reference"},
+)
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_import_runs_down_the_floors():
+    floor = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
+    graph = _package_graph()
+    assert {_room(module) for module in graph} - floor.keys() == set(), "rooms on no floor: add them to FLOORS"
+    assert "pettingllms_verl.episodes.core" in graph["pettingllms_verl.programs.episode"]  # the graph is read
+    upward = sorted(f"{module} imports {target}" for module, targets in graph.items() for target in targets
+                    if floor[_room(target)] > floor[_room(module)])
+    assert upward == [], upward
+
+
+def test_no_test_file_imports_another_and_no_harness_lives_in_the_package():
+    tests = Path(__file__).parent
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert not name.split(".")[-1].startswith(("test_", "conftest")), f"{path.relative_to(tests)} imports {name}"
+    assert not list((ENVS_DIR.parent / "trainer").glob("local_engine.py"))

@@ -14,7 +14,8 @@ from pettingllms_verl.envs.splits import generate_splits
 from pettingllms_verl.models import smollm2
 from pettingllms_verl.preflight import ConfigError, check_memory, estimate_memory
 
-RECIPES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "recipes"))
+from support import RECIPES
+
 LAPTOP = 24 * memory.GiB  # the machine the real model's recipes were run on
 
 

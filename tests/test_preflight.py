@@ -5,25 +5,13 @@ import subprocess
 import sys
 
 import pytest
-from omegaconf import OmegaConf
 
 from pettingllms_verl.preflight import ConfigError, check
 
-RECIPES = os.path.join(os.path.dirname(__file__), "..", "recipes")
+from support import RECIPES
+from support.configs import config, mas_config, two_adapters, two_policies
 
 
-def config(tmp_path, **overrides):
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    train = tmp_path / "train.parquet"
-    train.write_bytes(b"")
-    base = {
-        "actor_rollout_ref": {"model": {"path": str(model)}, "rollout": {"name": "hf"}},
-        "data": {"train_files": str(train), "val_files": [str(train)]},
-        "trainer": {"n_gpus_per_node": 1, "nnodes": 1},
-        "ray_kwargs": {"ray_init": {"num_gpus": 1}},
-    }
-    return OmegaConf.merge(base, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
 
 
 def test_valid_config_passes(tmp_path):
@@ -167,27 +155,6 @@ def test_each_artifact_names_the_make_target_that_builds_it(monkeypatch, tmp_pat
     assert artifacts.root() == "/mine"
 
 
-@pytest.fixture(scope="module")
-def plan_path_rows(tmp_path_factory):
-    from pettingllms_verl.data.rows import write_parquet
-    from pettingllms_verl.envs.splits import generate_splits
-
-    path = tmp_path_factory.mktemp("rows") / "train.parquet"
-    write_parquet(generate_splits("plan_path", {"train": 2}, {"size": 4})["train"], str(path))
-    return str(path)
-
-
-def two_policies(tmp_path, rows, **overrides):
-    """A valid L2 config on Plan-Path rows: tool and plan, each its own policy."""
-    base = {
-        "data.train_files": rows,
-        "pettingllms.policies.a.trainable": "true",
-        "pettingllms.policies.b.trainable": "false",
-        "pettingllms.roles.tool.policy": "a",
-        "pettingllms.roles.plan.policy": "b",
-    }
-    return mas_config(tmp_path, **{**base, **overrides})
-
 
 def test_two_policies_pass(tmp_path, plan_path_rows):
     check(two_policies(tmp_path, plan_path_rows))
@@ -229,21 +196,6 @@ def test_policies_with_another_tokenizer_are_refused(tmp_path, plan_path_rows, t
         check(two_policies(tmp_path, plan_path_rows, **{**same, "pettingllms.policies.b.overrides.model.path": other}))
     assert error.value.key == "pettingllms.policies.b.overrides.model.path"
 
-
-def two_adapters(tmp_path, rows, model, tool="tool_adapter", **overrides):
-    """A valid L1 config on Plan-Path rows: a LoRA adapter per role on the tiny model, one frozen."""
-    base = {
-        "data.train_files": rows,
-        "actor_rollout_ref.model.path": model,
-        "actor_rollout_ref.actor.strategy": "fsdp2",
-        "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",  # as the CPU recipes: no flash-attn here
-        f"pettingllms.policies.{tool}.adapter.rank": 8,
-        "pettingllms.policies.plan_adapter.adapter.target_modules": "[q_proj,v_proj]",
-        "pettingllms.policies.plan_adapter.trainable": "false",
-        "pettingllms.roles.tool.policy": tool,
-        "pettingllms.roles.plan.policy": "plan_adapter",
-    }
-    return mas_config(tmp_path, **{**base, **overrides})
 
 
 def test_a_misspelt_env_option_is_refused_naming_the_options(tmp_path, plan_path_rows):
@@ -321,8 +273,8 @@ def test_an_adapter_path_may_point_into_the_whole_config(tmp_path, plan_path_row
     from transformers import AutoModelForCausalLM
 
     get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=8, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
-    config = two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **{"pettingllms.paths.artifacts": str(tmp_path),
-                                                                        "pettingllms.policies.tool_adapter.adapter.path": "${pettingllms.paths.artifacts}/adapter"})
+    paths = {"pettingllms.paths.artifacts": str(tmp_path), "pettingllms.policies.tool_adapter.adapter.path": "${pettingllms.paths.artifacts}/adapter"}
+    config = two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **paths)
     check(config)  # as recipes write it: the section is read where it lives, not cut off from the config
 
 
@@ -334,17 +286,6 @@ def test_the_null_training_control_is_refused_where_no_group_holds_two_replies_t
             check(mas_config(tmp_path, **{"pettingllms.trainer.null_reward": "permute", **overrides}))
         assert error.value.key == "pettingllms.trainer.null_reward" and what in str(error.value), str(error.value)
 
-
-def mas_config(tmp_path, **overrides):
-    """A valid multi-agent config: the mas_sync trainer, its manager, a tree with rollout.n=1."""
-    base = {
-        "trainer.v1.trainer_mode": "mas_sync",
-        "algorithm.adv_estimator": "at_grpo",
-        "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "pettingllms_verl.rollout.worker.MASAgentLoopManager",
-        "actor_rollout_ref.rollout.n": 1,
-        "pettingllms.rollout_mode": "tree",
-    }
-    return config(tmp_path, **{**base, **overrides})
 
 
 @pytest.mark.parametrize(
@@ -524,7 +465,8 @@ def test_flash_attention_without_its_package_is_refused_naming_the_key(tmp_path,
     sdpa = {**fsdp, "actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
     check(mas_config(tmp_path, **sdpa))
     with pytest.raises(ConfigError) as error:
-        check(two_policies(tmp_path, plan_path_rows, **sdpa, **{"pettingllms.policies.b.overrides.model.override_config.attn_implementation": "flash_attention_2"}))
+        flash = {"pettingllms.policies.b.overrides.model.override_config.attn_implementation": "flash_attention_2"}
+        check(two_policies(tmp_path, plan_path_rows, **sdpa, **flash))
     assert error.value.key == "pettingllms.policies.b.overrides.model.override_config.attn_implementation"
     for enable in ("true", None):  # None: verl builds a critic for gae
         critic = {**sdpa, "algorithm.adv_estimator": "gae", "critic.strategy": "fsdp2", **({"critic.enable": enable} if enable else {})}

@@ -387,7 +387,8 @@ def test_gpu_sa_baseline_differs_from_atgrpo_only_in_the_algorithm(name, recipe)
     differ = {key for key in differ if name not in str(flat_mas.get(key))}  # experiment name and paths from it
     assert differ == SA_DIFFERS | SA_ENV_DIFFERS.get(NAME.match(name)["env"], set())
     # same optimiser-step size and group size: the comparison is at equal sample budget
-    assert mas.actor_rollout_ref.actor.ppo_mini_batch_size * mas.actor_rollout_ref.rollout.n == sa.actor_rollout_ref.actor.ppo_mini_batch_size * sa.actor_rollout_ref.rollout.n
+    mas_ref, sa_ref = mas.actor_rollout_ref, sa.actor_rollout_ref
+    assert mas_ref.actor.ppo_mini_batch_size * mas_ref.rollout.n == sa_ref.actor.ppo_mini_batch_size * sa_ref.rollout.n
     assert mas.pettingllms.k == sa.actor_rollout_ref.rollout.n
 
 

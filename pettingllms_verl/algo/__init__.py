@@ -1,5 +1,5 @@
 """AT-GRPO: group keys and advantages (pure tensor functions); rewards are mixed where they are
-made, per sample, in ``rollout/episode.py``.
+made, per sample, in ``episodes/core.py``.
 
 Importing this package registers the ``at_grpo`` advantage estimator with verl.
 """

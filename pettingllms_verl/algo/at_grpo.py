@@ -1,6 +1,6 @@
 """AT-GRPO: agent- and turn-wise GRPO as pure tensor functions, in the style of verl's core_algos.
 
-A sample's reward is ``r = alpha * global + local`` (mixed in ``rollout/episode.py``); its advantage is normalised within its group
+A sample's reward is ``r = alpha * global + local`` (mixed in ``episodes/core.py``); its advantage is normalised within its group
 g = (problem uid, turn, role, tree node), whose key reaches the estimator as one hashable entry
 of ``index`` per row. Importing this module registers the estimator with verl as ``at_grpo``,
 so ``algorithm.adv_estimator=at_grpo`` selects it.
@@ -11,7 +11,7 @@ Deviation from verl's GRPO, per the AT-GRPO design: a singleton group gets advan
 gives it ``r / (1 + eps)``), and so does any group whose scores are all equal.
 """
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -100,7 +100,7 @@ def compute_at_grpo_advantage(
     index: Any,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """AT-GRPO outcome advantage: GRPO over (problem uid, turn, role, node) groups.

@@ -29,7 +29,8 @@ import functools
 import json
 import os
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any
+from collections.abc import Iterable, Iterator
 
 from pettingllms_verl.config import ADAPTERS_KEY, VLLM_PER_POLICY, adapter_table, rollout_policy
 

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from pettingllms_verl.data.rows import task_row, write_parquet
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable, Hashable
+from typing import Any
+from collections.abc import Callable, Hashable
 
 from pettingllms_verl.data.rows import write_parquet
 from pettingllms_verl.envs.splits import generate_splits, task_key
@@ -19,9 +20,9 @@ def split_parser(doc: str, env: str, noun: str, train: int, val: int, test: int)
     parser.add_argument("--val", type=int, default=val, help=f"number of validation {noun} (to choose checkpoints on)")
     parser.add_argument("--test", type=int, default=test, help=f"number of test {noun}")
     parser.add_argument("--confirm", type=int, default=0,
-                        help=f"number of confirmation {{noun}}: a second test split, never used to choose anything (0: none)".format(noun=noun))
+                        help=f"number of confirmation {noun}: a second test split, never used to choose anything (0: none)")
     parser.add_argument("--final", type=int, default=0,
-                        help=f"number of final confirmation {{noun}}: a third test split, read for a declared primary claim alone (0: none)".format(noun=noun))
+                        help=f"number of final confirmation {noun}: a third test split, read for a declared primary claim alone (0: none)")
     return parser
 
 

@@ -13,7 +13,7 @@ import abc
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any, ClassVar
 
@@ -125,7 +125,7 @@ class Env(abc.ABC):
         game-theoretic value, in the units of the env's own outcome rewards), or None: the env has
         no such value (the default). A K-branch tree adds it to the role reward of each branch whose
         reply leaves the game going, so that a move is credited with the outcome it allows on another
-        role's reply (``rollout.episode.branch_value``; a reply that ends the game has its own)."""
+        role's reply (``episodes.core.branch_value``; a reply that ends the game has its own)."""
         return None
 
     def snapshot(self) -> dict[str, Any]:
@@ -158,7 +158,7 @@ def ignored(reason: str) -> StepResult:
     return StepResult(0.0, True, {IGNORED: reason})
 
 
-@lru_cache(maxsize=None)
+@cache
 def fixture_tasks(filename: str) -> tuple[dict, ...]:
     """An offline task set shipped with the package (``pettingllms_verl/data/<filename>``, JSONL)."""
     text = resources.files("pettingllms_verl.data").joinpath(filename).read_text()

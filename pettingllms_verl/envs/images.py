@@ -8,7 +8,8 @@ sees exactly the state a text role reads. The image goes into the chat message a
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 CELL_PIXELS = 14  # side of one cell: a patch of Qwen2-VL's vision tower; a 6 x 6 grid is an 84 x 84 image
 IMAGE = "image"  # the content part type of an image in a chat message

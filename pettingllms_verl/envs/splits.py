@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 from pettingllms_verl.data.rows import task_row
 from pettingllms_verl.envs import make

@@ -11,7 +11,8 @@ empty result) on anything it cannot read and never raises, whatever the text. Nu
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 # chat messages: [{"role": "system" | "user" | "assistant", "content": str}]; a content may instead be a
 # list of parts, {"type": "text", "text": str} and {"type": "image", "image": PIL.Image} (envs/images.py)

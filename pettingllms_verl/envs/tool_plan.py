@@ -26,7 +26,8 @@ from __future__ import annotations
 import abc
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 from pettingllms_verl.envs.base import (
     DEFAULT_TOOL_LIMITS, PARSE_PENALTY, TOOL_FAILURE_PENALTY, Env, StepResult, Workflow, ignored, sandbox_runs, workflow_for,

@@ -53,9 +53,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("runs", nargs="*", metavar="RUN", help="[LABEL=]RECIPE[@CHECKPOINT]")
-    parser.add_argument("--envs", help="comma-separated environments (or 'all'): adds a run per --methods entry with the recipe <env>_<sa_grpo|mas_atgrpo>_<target>")
+    parser.add_argument("--envs", help="comma-separated environments (or 'all'): adds a run per --methods entry with the recipe "
+                                       "<env>_<sa_grpo|mas_atgrpo>_<target>")
     parser.add_argument("--methods", default="sa,mas", help="with --envs: sa, mas or both (default sa,mas)")
-    parser.add_argument("--target", default="cpu", help="with --envs: the recipes' target suffix (cpu, qwen3_1p7b, qwen3_8b; another model on CPU: cpu with --set actor_rollout_ref.model.path=DIR)")
+    parser.add_argument("--target", default="cpu", help="with --envs: the recipes' target suffix (cpu, qwen3_1p7b, qwen3_8b; another model on CPU: cpu with "
+                                                        "--set actor_rollout_ref.model.path=DIR)")
     parser.add_argument("--split", default="test", help="the data split played, beside the recipe's val file (default test)")
     parser.add_argument("--episodes", type=int, default=None, help="the first N problems of the split, the same ones for every run (default all)")
     parser.add_argument("--select", choices=("best-val", "latest"), default="best-val", help="which step of a run's checkpoint folder")

@@ -163,8 +163,10 @@ def parse_curves(specs: list[str]) -> dict[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--curves", action="append", default=[], metavar="LABEL=LOG[,LOG...]", help="verl file-logger JSONL of a run (several: seeds); repeat per run")
-    parser.add_argument("--results", action="append", default=[], help="an evaluation's results.json (repeat: e.g. before and after training): the SA-vs-MAS bar chart")
+    parser.add_argument("--curves", action="append", default=[], metavar="LABEL=LOG[,LOG...]", help="verl file-logger JSONL of a run (several: seeds); repeat "
+                                                                                                    "per run")
+    parser.add_argument("--results", action="append", default=[], help="an evaluation's results.json (repeat: e.g. before and after training): the SA-vs-MAS "
+                                                                       "bar chart")
     parser.add_argument("--out", default="plots", help="output folder (default ./plots)")
     args = parser.parse_args(argv)
     if not args.curves and not args.results:

@@ -1010,7 +1010,8 @@ def markdown(table: list[dict], meta: dict) -> str:
             before = _interval_text(part["before"], list(part["before_per_seed"].values()))
             after = _interval_text(part["after"], list(part["after_per_seed"].values()))
             cells = ["left out" if s in row["failed_seeds"] or s in row["not_evaluated_seeds"] else fmt(part["after_per_seed"].get(s)) for s in seeds]
-            lines.append("| " + " | ".join([row["name"], before, after, _gain_text(part["gain"]), _gain_text(part["gain_paired"]), *cells, roles or "-"]) + " |")
+            line = [row["name"], before, after, _gain_text(part["gain"]), _gain_text(part["gain_paired"]), *cells, roles or "-"]
+            lines.append("| " + " | ".join(line) + " |")
         lines += ["", f"At each run's last step ({meta['steps']}), {what.lower()}:", "",
                   "| method | after, last step | gain over seeds | gain paired over problems | " + " | ".join(f"seed {s}" for s in seeds) + " |",
                   "|---|---|---|---|" + "---|" * len(seeds)]
@@ -1223,7 +1224,8 @@ def saved_evaluations(args: argparse.Namespace, saved: Path) -> tuple[dict, dict
         primary = None
     except ValueError as error:
         raise ReproduceError(f"{saved / PRIMARY_FILE}: unreadable ({error})") from None
-    meta = {"steps": args.steps or max(trained.values()), "not_evaluated": not_evaluated, "source_sha256": next(iter(prints.values()))["source"], "report": True,
+    meta = {"steps": args.steps or max(trained.values()), "not_evaluated": not_evaluated, "source_sha256": next(iter(prints.values()))["source"],
+            "report": True,
             "split_sha256": {split: prints[saved / "before" / split / f"s{args.seeds[0]}"]["problems"] for split in args.splits},
             "warm_starts": {m: warm_names(start) for m, start in starts.items()}, "alike": sorted(alike_starts(starts)), "primary": primary}
     return before, after, sources, failed, meta

@@ -12,7 +12,7 @@ import os
 import sys
 from collections import Counter, defaultdict
 
-from pettingllms_verl.rollout.tags import ERRORS
+from pettingllms_verl.episodes.tags import ERRORS
 
 REQUIRED = ("env", "seed", "success", "samples")  # what every episode record has
 

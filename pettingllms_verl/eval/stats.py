@@ -17,7 +17,7 @@ noise alone: it says nothing about how much another training run would differ.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy import stats

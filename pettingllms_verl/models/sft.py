@@ -123,7 +123,8 @@ def _export_model(checkpoint: str, staging: str) -> None:
     """The HF model verl's trainer saved with the checkpoint, copied to ``staging``."""
     exported = os.path.join(checkpoint, "huggingface")
     if not os.path.isfile(os.path.join(exported, "model.safetensors")):
-        raise SystemExit(f"verl's SFT trainer ended without exporting a model to {exported}; its work folder is kept: {os.path.dirname(os.path.dirname(checkpoint))}")
+        raise SystemExit(f"verl's SFT trainer ended without exporting a model to {exported}; its work folder is kept: "
+                         f"{os.path.dirname(os.path.dirname(checkpoint))}")
     shutil.copytree(exported, staging)
     # verl's exporter writes the config from a bf16 copy; the weights are fp32, and an "auto" dtype load must say so
     config_path = os.path.join(staging, "config.json")
@@ -154,9 +155,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="demonstrations per optimizer step")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (cosine schedule)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrations and of verl's trainer")
-    parser.add_argument("--workflows", default="sa,mas", help="the episodes' workflows, taken in turn (e.g. sa,mas,mas: two team episodes per single-agent one)")
+    parser.add_argument("--workflows", default="sa,mas", help="the episodes' workflows, taken in turn (e.g. sa,mas,mas: two team episodes per single-agent "
+                                                              "one)")
     parser.add_argument("--roles", default=None, help="comma-separated roles whose replies are trained on (default all), e.g. tool")
-    parser.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank on every linear layer and write the adapter (default 0: the whole model)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank on every linear layer and write the adapter (default 0: "
+                                                                 "the whole model)")
     parser.add_argument("--lora-alpha", type=int, default=16, help="with --lora-rank: LoRA alpha (the update is scaled by alpha / rank)")
     parser.add_argument("--env-kwargs", default="{}", help='Plan-Path options as JSON, e.g. \'{"size": 5, "wall_density": 0.3}\'')
     args = parser.parse_args(argv)

@@ -73,7 +73,8 @@ def convert(out_dir: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help=f"HF model folder to write (default: {FOLDER} in $PETTINGLLMS_ARTIFACTS, else in ./artifacts where it exists, else in ~/.cache/pettingllms_verl)")
+    parser.add_argument("--out", default=None, help=f"HF model folder to write (default: {FOLDER} in $PETTINGLLMS_ARTIFACTS, else in ./artifacts where it "
+                                                    "exists, else in ~/.cache/pettingllms_verl)")
     args = parser.parse_args(argv)
     out = args.out or os.path.join(artifacts_dir(), FOLDER)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -18,7 +18,7 @@ import json
 import os
 import random
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (

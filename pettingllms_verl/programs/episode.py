@@ -30,13 +30,14 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 from pettingllms_verl.programs.gateway import ChatRequest, Gateway, GatewayError, completion
 from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_program, run_slot
 from pettingllms_verl.config import ProgramConfig
-from pettingllms_verl.rollout.episode import EngineDead, Episode, PromptTooLong, Sample, best_branch
-from pettingllms_verl.rollout.tags import ERRORS
+from pettingllms_verl.episodes.core import EngineDead, Episode, PromptTooLong, Sample, best_branch
+from pettingllms_verl.episodes.tags import ERRORS
 from pettingllms_verl.targets import load_target
 
 DIVERGED_NODE = "x"  # the node of a diverged replay's calls: trained as an independent run's

@@ -23,7 +23,8 @@ import sys
 import tempfile
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from pettingllms_verl.config import ProgramConfig
 from pettingllms_verl.programs.contract import run_variables
@@ -194,8 +195,9 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
             try:  # its exit, by pidfd: asyncio's wait() also waits for the pipes, which a left-behind child holds
                 pidfd = _pidfd(pid)
                 await asyncio.wait_for(_exited(pidfd), config.time_limit_s)
-            except asyncio.TimeoutError:
-                raise ProgramFailed("program_timeout", f"the program ran past pettingllms.program.time_limit_s={config.time_limit_s:g} s and was killed") from None
+            except TimeoutError:
+                raise ProgramFailed("program_timeout",
+                                    f"the program ran past pettingllms.program.time_limit_s={config.time_limit_s:g} s and was killed") from None
             finally:
                 try:
                     os.killpg(pid, signal.SIGKILL)  # what it left behind in its group
@@ -203,11 +205,11 @@ async def run_program(config: ProgramConfig, task: dict, base_url: str, api_key:
                     pass
                 try:
                     out, err = await asyncio.wait_for(reading, OUTPUT_GRACE_S)  # the group is gone: its pipes close
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     out, err = b"", b"(a process outside the program's group kept its output open)"
                 try:  # a killed process closes its pipes before it has done exiting: the episode ends after its run
                     await asyncio.wait_for(_exited(pidfd) if process is None else process.wait(), OUTPUT_GRACE_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass  # SIGKILL is sent; a process the kernel holds longer (uninterruptible sleep) is not ours to wait for
         finally:
             if pidfd is not None:

@@ -29,9 +29,9 @@ from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
 from pettingllms_verl.envs.images import chat_inputs, data_uri
-from pettingllms_verl.rollout.episode import EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
+from pettingllms_verl.episodes.core import EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
 from pettingllms_verl.rollout.faults import TRACEBACK_CHARS
-from pettingllms_verl.rollout.tags import SWAPPED_KWARG
+from pettingllms_verl.episodes.tags import SWAPPED_KWARG
 from pettingllms_verl.targets import load_target
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pettingllms_verl.rollout.tags import ERRORS
+from pettingllms_verl.episodes.tags import ERRORS
 
 # The first words of a stop's message: pettingllms-eval quotes the log from the line holding them.
 STOPPED = "pettingllms-verl stopped the run:"

@@ -30,9 +30,9 @@ _SERVER_START_TIMEOUT_S = 30.0
 # The server (run with -I: no environment, no user site) imports the package from where this client
 # was imported, so a source checkout on PYTHONPATH works as an install does.
 _SERVER_MAIN = (
-    "import sys; p = {!r}; p in sys.path or sys.path.append(p); "
+    f"import sys; p = {os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))!r}; p in sys.path or sys.path.append(p); "
     "from pettingllms_verl.sandbox.server import main; main(sys.argv)"
-).format(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+)
 # Runs beyond this wait, so a burst of rollouts cannot starve the trainer. The cap holds per
 # machine: every rollout worker starts its own server, and they share the slots below.
 MAX_PARALLEL = 2 * (os.cpu_count() or 1)

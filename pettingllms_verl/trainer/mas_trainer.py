@@ -58,7 +58,7 @@ from pettingllms_verl.algo import AT_GRPO, group_stats, permute_within_groups, z
 from pettingllms_verl.config import (ADAPTER_GROUP, CRITICS_DIR, NULL_REWARD_PERMUTE, POLICIES_DIR, ROW_TEMPERATURE, SECTION, TRAINER_MODES,
                                      VAL_METRICS, load, policy_config)
 from pettingllms_verl.files import write_whole
-from pettingllms_verl.rollout.tags import ERRORS, SWAPPED_KWARG, TRUNCATIONS
+from pettingllms_verl.episodes.tags import ERRORS, SWAPPED_KWARG, TRUNCATIONS
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
 from pettingllms_verl.trainer.critic import ValueModelWorker
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
@@ -305,7 +305,8 @@ class MASTrainer(PPOTrainerSync):
         super()._setup()  # the first group, its replicas and sync, reward loop; checkpoint load deferred
         # verl's, in the first group's processes; a frozen policy's is left unused, as the other groups build none
         critic = self.critic_wg if self.use_critic and self.policy_table[self.first_group].trainable else None
-        self.groups = {self.first_group: self._group(self.first_group, self.config, self.actor_rollout_wg, self.llm_server_manager, self.checkpoint_manager, critic)}
+        self.groups = {self.first_group: self._group(self.first_group, self.config, self.actor_rollout_wg, self.llm_server_manager,
+                                                     self.checkpoint_manager, critic)}
         for name in list(self.group_policies)[1:]:
             self.groups[name] = self._build_group(name)
         self.checkpoint_manager = MultiCheckpointManager(list(self.groups.values()))

@@ -16,7 +16,7 @@ from pettingllms_verl.envs.images import chat_inputs, message_images
 from pettingllms_verl.models.tiny_vl import image_tokens
 from pettingllms_verl.preflight import ConfigError, check
 
-from test_preflight import mas_config, plan_path_rows, two_policies  # noqa: F401 (a fixture: Plan-Path rows)
+from support.configs import mas_config, two_policies
 
 LOGPROB_ATOL = 1e-5
 
@@ -113,7 +113,7 @@ def test_an_image_over_the_processors_limit_is_resized_and_one_over_the_prompt_b
 
     from pettingllms_verl.envs.images import image_part
     from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
-    from pettingllms_verl.rollout.episode import PromptTooLong
+    from pettingllms_verl.episodes.core import PromptTooLong
 
     env = envs.make("plan_path", size=6, image_roles=["plan"])
     env.reset(seed=0)
@@ -153,7 +153,9 @@ def test_the_server_answers_an_image_prompt_and_refuses_images_that_do_not_match
     config = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=256, response_length=8, dtype="float32")
     server = HFRolloutServer(config, OmegaConf.create({"path": tiny_vl_model_dir}), 0)
     prompt, images, _ = plan_prompt(processor, seed=0)
-    ask = lambda ids, data: asyncio.run(server.generate("r", ids, {"temperature": 0.0, "max_tokens": 4}, image_data=data))
+    def ask(ids, data):
+        return asyncio.run(server.generate("r", ids, {"temperature": 0.0, "max_tokens": 4}, image_data=data))
+
     assert len(ask(prompt, images).token_ids) > 0
     with pytest.raises(ValueError, match="the prompt has 9 image tokens, and its 2 image\\(s\\) make 18"):
         ask(prompt, images * 2)

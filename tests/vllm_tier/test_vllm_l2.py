@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import launch
+from support import launch
 from vllm_runs import PROB_GAP, RECIPES, STEPS, assert_served_by_own_policy, train, weight_versions
 
 RECIPE = "plan_path_mas_full_vllm_cpu"

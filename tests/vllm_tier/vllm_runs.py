@@ -5,9 +5,8 @@ import json
 import os
 from pathlib import Path
 
-import launch
+from support import RECIPES, launch
 
-RECIPES = str(Path(__file__).resolve().parents[2] / "recipes")
 STEPS = 3
 # fp32 on both sides, different kernels (vLLM's CPU attention, GEMMs and LoRA against torch's): the
 # rollout's and the actor's probabilities of a token differ by ~1e-6 at most when the weights are

@@ -17,7 +17,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any, Generator
+from typing import Any
+from collections.abc import Generator
 
 import ray
 import torch

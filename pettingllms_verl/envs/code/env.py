@@ -41,7 +41,8 @@ import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
+from collections.abc import Sequence
 
 from pettingllms_verl.envs.base import PARSE_PENALTY, Env, StepResult, Workflow, fixture_task, ignored, sandbox_runs, workflow_for
 from pettingllms_verl.envs.code import prompts

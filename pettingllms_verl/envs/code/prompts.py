@@ -5,7 +5,7 @@ Replies are parsed with ``text.parse_io_tests`` (tester) and ``text.extract_code
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pettingllms_verl.envs.text import MAX_TOOL_CODE_CHARS, Messages, cut
 

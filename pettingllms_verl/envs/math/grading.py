@@ -48,7 +48,7 @@ class AnswerGrader:
         if not _gradable(gold, answer):
             return False
         with self._lock:
-            for attempt in range(2):  # a child that died since the last call is replaced once
+            for _attempt in range(2):  # a child that died since the last call is replaced once
                 conn = self._connection()
                 try:
                     send_frame(conn, (gold, answer))

@@ -22,7 +22,7 @@ local reward = ``INVALID_PENALTY`` if the reply was invalid, plus the actor's ou
 game ended during the step (in sa that includes the opponent's answer, so a move that lets the
 opponent win earns ``LOSS``). In mas the loser's ``LOSS`` lands on the winner's step; it is reported in
 ``info["final_rewards"]``, and in plain episodes (K = 1) the episode runner adds each other role's
-outcome to its last reply (``rollout.episode.credit_final_rewards``). In a K-branch tree each branch
+outcome to its last reply (``episodes.core.credit_final_rewards``). In a K-branch tree each branch
 that leaves the game going gets ``position_value`` added instead: the mover's outcome reward under
 perfect play from there (the memoised minimax), so a move that lets the opponent win next is charged
 ``LOSS`` and a block that saves the game earns ``DRAW`` (or ``WIN``).
@@ -34,7 +34,7 @@ a draw, 0 for a decisive or unfinished game: in self-play a decisive game means 
 from __future__ import annotations
 
 import random
-from functools import lru_cache
+from functools import cache
 
 from pettingllms_verl.envs.base import Env, StepResult, Workflow, ignored, workflow_for
 from pettingllms_verl.envs.text import Messages
@@ -63,7 +63,7 @@ def free_cells(board) -> list[int]:
     return [i for i, mark in enumerate(board) if mark == EMPTY]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _negamax(board: str, player: str) -> int:
     """Value of ``board`` for ``player`` to move: >0 win, 0 draw, <0 loss; |value| = empty cells + 1
     at the end, so sooner wins and later losses score better."""

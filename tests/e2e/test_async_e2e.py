@@ -1,0 +1,105 @@
+"""``mas_colocate_async`` end to end through ``python -m verl.trainer.main_ppo`` on CPU: a model per
+role beside an adapter (L2 + L1, killed mid-run and resumed) and one shared model (L0), checked
+on the rows each step trained and on what the run logged and saved."""
+
+import json
+import os
+import signal
+import sys
+from collections import defaultdict
+
+import pytest
+
+from pettingllms_verl.eval.reproduce import finished_steps
+
+from support import RECIPES, launch
+from support.kill import kill_when, logged_steps
+from support.runs import dumped_rows, run_recipe
+
+pytestmark = pytest.mark.slow
+BOUND = 2  # trainer.v1.sampler.max_off_policy_threshold: a group trained at most 2 steps after its prompt went out
+ASYNC = ("trainer.v1.trainer_mode=mas_colocate_async", f"trainer.v1.sampler.max_off_policy_threshold={BOUND}")
+K = 4  # base/cpu_mas_atgrpo: branches per tree node
+PROBLEMS = 2  # its data.train_batch_size
+MIXED = (  # tool_policy a full model on a pool of its own (L2), plan_policy a LoRA adapter on the base (L1)
+    "+pettingllms.policies.tool_policy.pool=own", "+pettingllms.policies.tool_policy.n_gpus_per_node=1",
+    "ray_kwargs.ray_init.num_gpus=2", "+pettingllms.policies.plan_policy.adapter.rank=8",
+)
+
+
+
+def problem(row: dict) -> str:
+    return row["group"].split("|")[0]  # the problem's uid in verl's queue
+
+
+def assert_trained_asynchronously_within_bounds(metrics: list[dict], rows_by_step: dict[int, list[dict]], policies) -> None:
+    for m in metrics:
+        step, data = m["step"], m["data"]
+        for policy in policies:
+            assert data[f"policy/{policy}/rows"] > 0
+            assert 0 <= data[f"policy/{policy}/off_policy/staleness_max"] <= BOUND - 1
+        if step == 1:  # nothing was pushed before step 1: every reply is from the weights it trains
+            for policy in policies:
+                assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
+        assert data["training/off_policy/trajectory_staleness_worst/max"] <= BOUND - 1
+    for step, rows in rows_by_step.items():
+        for row in rows:
+            # each row records the versions its role's replies came from: pushed before this step, within the bound
+            assert row["mas_weight_versions"] and max(row["mas_weight_versions"]) <= step - 1
+            assert step - 1 - min(row["mas_weight_versions"]) <= BOUND - 1
+        # every AT-GRPO group whole: a tree node's K branches, all in this step
+        sizes = defaultdict(int)
+        for row in rows:
+            if not row["mas_placeholder"]:
+                sizes[row["group"]] += 1
+        assert set(sizes.values()) == {K}, sizes
+        assert len({problem(row) for row in rows}) == PROBLEMS
+    # a problem is trained in one step only
+    seen: dict[str, int] = {}
+    for step, rows in sorted(rows_by_step.items()):
+        for uid in {problem(row) for row in rows}:
+            assert uid not in seen, f"problem {uid} trained at steps {seen[uid]} and {step}"
+            seen[uid] = step
+
+
+def rows_by_step(dump) -> dict[int, list[dict]]:
+    by_step = defaultdict(list)
+    for name in os.listdir(dump):
+        by_step[int(name[5:-6])] = [json.loads(line) for line in open(dump / name)]
+    return dict(by_step)
+
+
+def test_a_model_per_role_beside_an_adapter_trains_asynchronously_and_resumes_its_episodes_under_way(artifacts):
+    """3 steps, SIGKILLed in step 3 once step 2 is logged (so saved), then the same command: the
+    resumed run restores the problems under way at the kill (the warm-up batch the rollout ran
+    ahead by), trains step 3 on problems no earlier step trained, and every bound held throughout."""
+    recipe, dump = "plan_path_mas_full_cpu", artifacts / "mixed_batches"
+    overrides = [*ASYNC, *MIXED, f"pettingllms.paths.batch_dump_dir={dump}", "trainer.total_training_steps=3"]
+    metrics_path = artifacts / "mixed_killed.jsonl"
+    env = {**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts), "VERL_FILE_LOGGER_PATH": str(metrics_path)}
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", RECIPES, "--config-name", recipe, *overrides]
+    status = kill_when(command, lambda: logged_steps(metrics_path) >= 2, cwd=artifacts, env=env)
+    assert status == -signal.SIGKILL and finished_steps(artifacts / "checkpoints" / recipe) == 2
+    killed = [json.loads(line) for line in open(metrics_path)]
+    saved = artifacts / "checkpoints" / recipe / "global_step_2"
+    assert (saved / "transfer_queue").is_dir()
+
+    resumed_path = artifacts / "mixed_resumed.jsonl"
+    result = launch.main_ppo(*command[3:], timeout=1200, cwd=artifacts, env={**env, "VERL_FILE_LOGGER_PATH": str(resumed_path)})
+    assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
+    resumed = [json.loads(line) for line in open(resumed_path)]
+    assert [m["step"] for m in resumed] == [3]
+    # one warm-up batch ahead: the problems submitted and not yet trained when step 2 was saved
+    assert f"mas_colocate_async: {PROBLEMS} problems under way at step 2 restored" in result.stdout + result.stderr
+    assert finished_steps(artifacts / "checkpoints" / recipe) == 3
+    assert_trained_asynchronously_within_bounds(killed + resumed, rows_by_step(dump), ("tool_policy", "plan_policy"))
+    served = {(row["mas_role"], tuple(row["mas_served_by"])) for row in dumped_rows(dump)}
+    assert served == {("tool", ("tool_policy",)), ("plan", ("plan_policy",))}
+
+
+def test_one_shared_model_trains_asynchronously(artifacts):
+    dump = artifacts / "shared_batches"
+    metrics = run_recipe(artifacts, "plan_path_mas_atgrpo_cpu", *ASYNC, "trainer.total_training_steps=2",
+                         f"pettingllms.paths.batch_dump_dir={dump}")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert_trained_asynchronously_within_bounds(metrics, rows_by_step(dump), ("shared",))
