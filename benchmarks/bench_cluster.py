@@ -3,7 +3,7 @@ pool of its own) on a Ray cluster of one node holding both policies' trainer slo
 nodes holding one each (so each policy's trainer rank, server and weight sync are on its own node,
 and rows cross nodes), with the same number of episode workers.
 
-Both clusters are started as `ray start` starts a real one, on this machine (``tests/cluster.py``:
+Both clusters are started as `ray start` starts a real one, on this machine (``tests/support/cluster.py``:
 a raylet per node, every node on 127.0.0.1, the same logical CPUs in all). Each setting runs
 ``--steps`` training steps through ``python -m verl.trainer.main_ppo`` at the recipe's batch and at
 ``--scale`` times its episodes. Step time is the mean ``timing_s/step`` of the steps after the

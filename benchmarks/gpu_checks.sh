@@ -45,8 +45,8 @@ for mode in L0:plan_path_mas_atgrpo_cpu L1:plan_path_mas_lora_cpu L2:plan_path_m
 done
 # the two quickstart runs (2-4 min each) get their own workers: queued behind each other they outran the limit
 gpu_tests=(python3 -m pytest -q -n 2 -m gpu -p no:cacheprovider --continue-on-collection-errors)
-part test_gpu_quickstart 420 "${gpu_tests[@]}" --basetemp=/tmp/gpu_checks_pytest/quickstart tests/test_quickstart_e2e.py &
-part test_gpu 420 "${gpu_tests[@]}" --basetemp=/tmp/gpu_checks_pytest/rest --ignore=tests/test_quickstart_e2e.py tests
+part test_gpu_quickstart 420 "${gpu_tests[@]}" --basetemp=/tmp/gpu_checks_pytest/quickstart tests/e2e/test_quickstart_e2e.py &
+part test_gpu 420 "${gpu_tests[@]}" --basetemp=/tmp/gpu_checks_pytest/rest --ignore=tests/e2e/test_quickstart_e2e.py tests
 wait
 for log in test_gpu test_gpu_quickstart; do grep -E "passed|failed|FAILED|ERROR" "$out/$log.log" | tail -n 8; done
 # per step: the quickstart test's runs (verl's file logger under the test's tmp dir, run_<precision>.jsonl), then each mode's

@@ -83,8 +83,8 @@ SEAMS: tuple[Seam, ...] = (
          "a dead episode worker stops the run instead of a wait without end"),
     Seam("verl.single_controller.ray.base:get_master_addr_port", ("master_port_range",), "trainer/rendezvous.py",
          "rendezvous on the node of a policy's own pool"),
-    # registries read or written by key (registration.py, preflight.py)
-    Seam("verl.workers.rollout.base:_ROLLOUT_REGISTRY", None, "registration.py, preflight.py", "the rollouts' adapters by name: no register()"),
+    # registries read or written by key (registration.py, preflight/training.py)
+    Seam("verl.workers.rollout.base:_ROLLOUT_REGISTRY", None, "registration.py, preflight/training.py", "the rollouts' adapters by name: no register()"),
     Seam("verl.workers.rollout.replica:RolloutReplicaRegistry._registry", None, "registration.py", "idempotent registration"),
     Seam("verl.workers.rollout.replica:RolloutReplicaRegistry.register", ("name", "loader"), "registration.py", "public: the hf and multi-LoRA replicas"),
     Seam("verl.workers.engine:EngineRegistry._engines", None, "registration.py", "the FSDP engines also registered for cpu"),

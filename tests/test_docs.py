@@ -135,7 +135,7 @@ def composes(where: str, recipe: str, overrides: list[str], folder: Path) -> Non
 @pytest.mark.parametrize("page, line, command", COMMANDS, ids=lambda value: str(value)[:40])
 def test_every_command_on_every_page_names_what_exists(page, line, command):
     """Each command's make target, module (and its flags), script, recipe and Hydra keys exist (the
-    quickstart itself runs in tests/test_quickstart_e2e.py): a renamed target, flag, recipe or key
+    quickstart itself runs in tests/e2e/test_quickstart_e2e.py): a renamed target, flag, recipe or key
     fails here with the page and line."""
     where = f"{page}:{line}: {command}"
     words = [part for word in shlex.split(command) for part in (word.split("=", 1) if word.startswith("--") and "=" in word else [word])]

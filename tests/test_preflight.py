@@ -8,7 +8,7 @@ import pytest
 
 from pettingllms_verl.preflight import ConfigError, check
 
-from support import RECIPES
+from support import RECIPES, SUPPORT
 from support.configs import config, mas_config, two_adapters, two_policies
 
 
@@ -206,7 +206,7 @@ def test_a_misspelt_env_option_is_refused_naming_the_options(tmp_path, plan_path
 
 
 def test_an_env_that_runs_model_code_is_refused_where_the_sandbox_cannot_isolate(tmp_path, plan_path_rows, monkeypatch):
-    """The refusal itself is the OS's (tests/test_sandbox_normal_user.py); here: it stops the run
+    """The refusal itself is the OS's (tests/sandbox/test_sandbox_normal_user.py); here: it stops the run
     in the driver, naming the setting, instead of failing every episode in the workers."""
     from pettingllms_verl.sandbox import client
 
@@ -351,7 +351,7 @@ def test_a_role_temperature_outside_mas_sync_is_refused(tmp_path):
 
 @pytest.mark.parametrize("rollout", ["vllm", "vllm_multilora"])
 def test_vllm_must_be_installed(tmp_path, monkeypatch, rollout):
-    monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: False)
+    monkeypatch.setattr("pettingllms_verl.preflight.engines._vllm_installed", lambda: False)
     with pytest.raises(ConfigError, match="vllm is not installed here") as error:
         check(config(tmp_path, **{"actor_rollout_ref.rollout.name": rollout}))
     assert error.value.key == "actor_rollout_ref.rollout.name"
@@ -360,10 +360,10 @@ def test_vllm_must_be_installed(tmp_path, monkeypatch, rollout):
 @pytest.fixture
 def vllm_here(monkeypatch):
     """vLLM installed, as a distribution named vllm of the given version (none: the CPU build without its alias)."""
-    monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: True)
+    monkeypatch.setattr("pettingllms_verl.preflight.engines._vllm_installed", lambda: True)
 
     def found(version):
-        monkeypatch.setattr("pettingllms_verl.preflight._vllm_distribution", lambda: version)
+        monkeypatch.setattr("pettingllms_verl.preflight.engines._vllm_distribution", lambda: version)
 
     found("0.24.0+cpu")
     return found
@@ -474,13 +474,13 @@ def test_flash_attention_without_its_package_is_refused_naming_the_key(tmp_path,
             check(mas_config(tmp_path, **critic))
         assert error.value.key == "critic.model.override_config.attn_implementation"
     check(mas_config(tmp_path, **fsdp, **{"trainer.device": "npu"}))  # torch_npu's flash attention: no package to check
-    monkeypatch.setattr("pettingllms_verl.preflight._installed", lambda package: True)
+    monkeypatch.setattr("pettingllms_verl.preflight.engines._installed", lambda package: True)
     check(mas_config(tmp_path, **fsdp))
 
 
 def team_program(tmp_path, rows, **overrides):
     """A valid team-program config: the test programs' writer and checker, each its own policy."""
-    programs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "team_programs.py")
+    programs = str(SUPPORT / "team_programs.py")
     base = {
         "data.train_files": rows,
         "pettingllms.program.target": f"{programs}:writer_and_checker",

@@ -458,10 +458,10 @@ def test_passes_preflight_once_its_model_and_data_exist(name, recipe, datasets, 
     from pettingllms_verl.preflight import check
 
     # the vLLM recipes (GPU, and the vLLM tier's), checked where vLLM is not installed
-    monkeypatch.setattr("pettingllms_verl.preflight._vllm_installed", lambda: True)
-    monkeypatch.setattr("pettingllms_verl.preflight._vllm_distribution", lambda: "0.24.0")
+    monkeypatch.setattr("pettingllms_verl.preflight.engines._vllm_installed", lambda: True)
+    monkeypatch.setattr("pettingllms_verl.preflight.engines._vllm_distribution", lambda: "0.24.0")
     gpu = name in GPU_RECIPES  # flash-attention 2 (verl's default) there; the CPU recipes must pass without it
-    monkeypatch.setattr("pettingllms_verl.preflight._installed", lambda package: package == "vllm" or gpu and package == "flash_attn")
+    monkeypatch.setattr("pettingllms_verl.preflight.engines._installed", lambda package: package == "vllm" or gpu and package == "flash_attn")
     cfg = recipe(name)[0].copy()
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(tmp_path)

@@ -106,7 +106,7 @@ def episode_return(samples: Sequence[Sample], final_global_reward: float, alpha:
     ``alpha * final team reward + mean role reward over the chosen replies``. The team reward is a
     level of the state (progress, success), so it is counted once, at the end; role rewards are
     averaged, not summed, so a stalled reply lowers the return instead of adding to it
-    (``tests/test_episode_return.py``: in every environment, a solution played fast scores at least
+    (``tests/episodes/test_episode_return.py``: in every environment, a solution played fast scores at least
     as much as the same solution with stalls in between). Placeholder rows (no reply) do not count.
     """
     played = [s.local_reward for s in samples if s.chosen and not s.placeholder]

@@ -1,4 +1,4 @@
-"""A Ray cluster of two nodes on this machine (``tests/cluster.py``: raylets started by `ray start`)
+"""A Ray cluster of two nodes on this machine (``tests/support/cluster.py``: raylets started by `ray start`)
 through `python -m verl.trainer.main_ppo`: each policy's trainer ranks, rollout servers and episode
 workers land where they should, the sandbox serves the episodes of every node, ranks of one pool
 train across nodes, and a run killed with its whole cluster resumes on a cluster started anew."""

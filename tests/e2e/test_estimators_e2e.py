@@ -2,7 +2,7 @@
 one shared policy (L0), Plan-Path MAS, independent episodes (rollout.n = 4), one step each. Every
 row of an episode (each turn of each role) carries the episode's return and is trained with the
 estimator's advantage of it (docs/training.md); gae, with a critic per policy, is in
-tests/test_critic_e2e.py. One episode of each run fails before its first reply (``faulty_env.py``):
+tests/e2e/test_critic_e2e.py. One episode of each run fails before its first reply (``faulty_env.py``):
 its placeholder row is a group of its own, so the real rows' advantages are those of the real rows
 alone."""
 

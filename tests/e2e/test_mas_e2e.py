@@ -121,7 +121,7 @@ def test_sa_grpo_baseline_updates_exactly_when_an_episode_group_has_signal(artif
 
 
 def test_two_data_parallel_ranks_on_two_nodes_get_whole_groups_and_keep_sharing_their_prompts(artifacts, tmp_path):
-    """Two trainer ranks (gloo, CPU), one on each node of a two-node Ray cluster (tests/cluster.py):
+    """Two trainer ranks (gloo, CPU), one on each node of a two-node Ray cluster (tests/support/cluster.py):
     the trainer balances whole AT-GRPO groups over them, so each
     group's prompt still runs once in the update. With verl's row balancing the same run computed
     47-52 % of the plain tokens (a group's rows on both ranks); with whole groups 29 %, as at DP = 1.

@@ -346,17 +346,19 @@ def test_an_evaluation_of_a_gae_recipe_builds_no_critic(env):
     from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic
 
-    from pettingllms_verl.preflight import ConfigError, _check_team_estimator
+    from pettingllms_verl.config import load
+    from pettingllms_verl.preflight import ConfigError
+    from pettingllms_verl.preflight.training import _check_team_estimator
 
     gae = ["algorithm.adv_estimator=gae"]
     run = runs.Run("l", RECIPE, runs.compose(RECIPE, gae, runs.RECIPES_DIR), "plan_path", "x.parquet", None, gae)
     played = runs.compose(RECIPE, runs.main_ppo_overrides(run, None, "/tmp/x"), runs.RECIPES_DIR)
     assert played.algorithm.adv_estimator == "gae" and not need_critic(played)
-    _check_team_estimator(played)
+    _check_team_estimator(played, load(played.pettingllms))
     with open_dict(played):
         played.trainer.val_only = False
     with pytest.raises(ConfigError, match="false with gae"):
-        _check_team_estimator(played)
+        _check_team_estimator(played, load(played.pettingllms))
 
 
 @pytest.mark.parametrize("policies, method", [

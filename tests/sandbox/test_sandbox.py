@@ -16,6 +16,8 @@ import pytest
 from pettingllms_verl.sandbox import SandboxLimits, SandboxResult, run_python
 from pettingllms_verl.sandbox import client
 
+from support import REPO
+
 FAKE_SECRET = "sk-fake-secret-0123456789"
 # Set at import, i.e. at collection, before any test starts the fork server: if the server or
 # its children inherited the caller's environment, this would reach them.
@@ -454,7 +456,7 @@ def test_a_source_checkout_on_pythonpath_runs_code_without_an_install():
     """The package only on PYTHONPATH (a checkout, not installed): the server, started with -I,
     which ignores PYTHONPATH, still finds it. Before, it died at start and every run failed with
     "sandbox peer closed the connection" (found on the first GPU machine, where it was not installed)."""
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, which holds the package
+    checkout = str(REPO)  # the repository, which holds the package
     bare = sys._base_executable  # the interpreter under the virtualenv: this package is not installed there
     assert subprocess.run([bare, "-I", "-c", "import pettingllms_verl"], capture_output=True).returncode != 0
     result = subprocess.run(

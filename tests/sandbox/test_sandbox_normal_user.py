@@ -1,5 +1,5 @@
 """The sandbox as a normal user (uid 65534, no capabilities), run from this root test process
-through ``tests/normal_user.py``: its whole test file and the code environment's hostile
+through ``tests/support/normal_user.py``: its whole test file and the code environment's hostile
 programs pass there too, and where the kernel also refuses user namespaces it refuses to run
 code unless the user opts in."""
 

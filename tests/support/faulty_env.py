@@ -1,4 +1,4 @@
-"""Plan-Path with faults on cue, for runs through ``main_ppo`` (``tests/test_faults_e2e.py``): a
+"""Plan-Path with faults on cue, for runs through ``main_ppo`` (``tests/e2e/test_faults_e2e.py``): a
 recipe plays it under Plan-Path's own name (``+pettingllms.envs.plan_path=<this file>:FaultyPlanPath``),
 so the rows stay Plan-Path's. Every cue is deterministic: a seed, or a file the test (or the run) writes."""
 

@@ -1,6 +1,6 @@
 """Run a command as a normal user (uid/gid 65534, no capabilities), from a root test process.
 
-    python tests/normal_user.py [--no-user-namespaces] -- COMMAND...
+    python tests/support/normal_user.py [--no-user-namespaces] -- COMMAND...
 
 The interpreter may live under a directory a normal user cannot enter (pyenv under a 0700
 /root): in a private mount namespace that directory is covered by a world-traversable tmpfs
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> None:
         _enter_user_namespace_without_nesting()
     _unshare(_CLONE_NEWNS)
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/support/ -> the repository
     _expose([os.path.realpath(sys.base_prefix), repo])
     os.execvp(
         "setpriv",

@@ -1,4 +1,4 @@
-"""Team programs for ``tests/test_programs.py``: each runs in a process of its own through
+"""Team programs for ``tests/programs/test_programs.py``: each runs in a process of its own through
 ``pettingllms_verl.programs.runner`` and talks to the gateway with the plain ``openai`` client."""
 
 import asyncio

@@ -1,6 +1,6 @@
 """The asynchronous trainer's bookkeeping, without a launch: which replies a step may train on
 (``MASTrainer._check_versions``). The schedule itself runs through ``main_ppo`` in
-``tests/test_async_e2e.py``."""
+``tests/e2e/test_async_e2e.py``."""
 
 from types import SimpleNamespace
 

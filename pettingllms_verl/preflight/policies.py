@@ -1,0 +1,258 @@
+"""The policy table: models, tokenizers, pools, roles against the environment, images, LoRA adapters."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from pettingllms_verl.config import TRAINER_MODES
+from pettingllms_verl.preflight.code import _check_program, _check_sandbox, _check_user_code
+from pettingllms_verl.preflight.common import ConfigError, policy_views, select, settings_error, where
+from pettingllms_verl.preflight.paths import _check_model_path, _train_env
+from pettingllms_verl.preflight.training import GROUPLESS
+
+def _check_policies(config: DictConfig, settings: Any) -> None:
+    """The ``pettingllms`` section: schema, policies (models, tokenizers, pools), roles vs the env."""
+    from pettingllms_verl import envs
+    from pettingllms_verl.config import ADAPTER_GROUP, SECTION, SettingsError
+    from pettingllms_verl.targets import TargetError
+
+    try:
+        table = settings.policy_table()
+        _check_user_code(settings)
+        if settings.program.enabled:
+            _check_program(settings)
+        row = None if settings.program.enabled else _train_env(config)  # a program's agents are its roles, whatever the rows' env
+        if row is not None:
+            env_name, seed, task = row
+            try:
+                envs.env_class(env_name)
+            except KeyError as error:
+                raise ConfigError(
+                    f"{SECTION}.envs.{env_name}", f"data.train_files names the environment {env_name!r}: {error.args[0]}",
+                    f"name its class in the recipe ({SECTION}: {{envs: {{{env_name}: package.module:Class}}}}, or "
+                    f"+{SECTION}.envs.{env_name}=package.module:Class on the command line), or install the package that declares it",
+                ) from None
+            except (TargetError, TypeError) as error:
+                raise ConfigError(f"{SECTION}.envs.{env_name}", str(error), "fix or install the environment's package") from None
+            try:
+                env = envs.make(env_name, **settings.env_kwargs)
+            except (ValueError, TypeError) as error:
+                key = f"{SECTION}.env_kwargs" + (f".{error.option}" if isinstance(error, envs.UnknownEnvOption) else "")
+                raise ConfigError(key, str(error), "use the options the error names (or drop the key)") from None
+            env.reset(seed=seed, task=task)  # some envs' workflow depends on the task (who starts, deck size)
+            if env.runs_model_code:
+                _check_sandbox(env_name)
+            settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
+            if getattr(env, "image_roles", None):
+                _check_image_roles(config, settings, sorted(env.image_roles))
+    except SettingsError as error:
+        raise settings_error(error) from None
+    main_model = select(config, "actor_rollout_ref.model.path")
+    main_vocab = None  # loaded once, on the first policy with a model of its own
+    for name, policy in table.items():
+        key = f"{SECTION}.policies.{name}"
+        path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path")
+        if path is not None:
+            _check_model_path(f"{key}.overrides.model.path", path)
+            main_vocab = main_vocab or _tokenizer_vocab(main_model)
+            ours = _tokenizer_vocab(path)
+            if ours is not None and main_vocab is not None and not _renders_for(main_vocab, ours):
+                raise ConfigError(
+                    f"{key}.overrides.model.path", f"{path} has another tokenizer than actor_rollout_ref.model.path={main_model}",
+                    "every policy of a run must share one tokenizer (e.g. Qwen3-1.7B with Qwen3-8B); a text-only policy beside "
+                    "a vision-language one may lack its image tokens, with the vision-language model as actor_rollout_ref.model.path",
+                )
+        if policy.pool == "own" and (policy.n_gpus_per_node == 0 or policy.nnodes == 0):
+            raise ConfigError(f"{key}.n_gpus_per_node", "a pool of its own with no GPU", "give it at least one GPU, or pool: shared")
+    groups = settings.groups()
+    if ADAPTER_GROUP in groups:
+        _check_adapters(config, settings, groups)
+    if len(table) > 1 and select(config, "algorithm.adv_estimator") not in GROUPLESS:
+        raise ConfigError(
+            "algorithm.adv_estimator", f"{select(config, 'algorithm.adv_estimator')!r} with several policies: its "
+            "groups (one per problem) would mix rows of different policies", "use at_grpo (groups keyed by role) or gae",
+        )
+    if len(table) > 1 and select(config, "actor_rollout_ref.actor.checkpoint.async_save"):
+        raise ConfigError(
+            "actor_rollout_ref.actor.checkpoint.async_save", "asynchronous saves with several policies: the "
+            "tracker file could name a step whose policies are still being written", "set it to false",
+        )
+    if len(table) > 1 and select(config, "trainer.v1.trainer_mode") not in TRAINER_MODES:
+        raise ConfigError("trainer.v1.trainer_mode", f"{len(table)} policies need the multi-policy trainer",
+                          f"set trainer.v1.trainer_mode to one of {', '.join(TRAINER_MODES)}")
+
+
+def _check_image_roles(config: DictConfig, settings: Any, roles: list[str]) -> None:
+    """Roles shown images (the env option image_roles) need a vision-language model with its processor."""
+    from transformers import AutoConfig, AutoProcessor
+
+    from pettingllms_verl.config import SECTION
+
+    key = f"{SECTION}.env_kwargs.image_roles"
+    table = settings.policy_table()
+
+    def model_of(policy: str) -> tuple[str, Any]:
+        """The policy's model path and its config (None where it does not load here: a hub model not
+        cached, a folder without a config; the model path checks report what matters)."""
+        path = OmegaConf.select(OmegaConf.create(table[policy].overrides), "model.path") or select(config, "actor_rollout_ref.model.path")
+        try:
+            return path, AutoConfig.from_pretrained(os.path.expanduser(path))
+        except Exception:
+            return path, None
+
+    first = next(iter(table))  # its model's processor renders every prompt (verl's agent loop is built from the first policy)
+    renderer, model = model_of(first)
+    if model is not None and getattr(model, "vision_config", None) is None:
+        raise ConfigError(f"{SECTION}.policies", f"the first policy, {first}, is a text-only model ({renderer}): its tokenizer "
+                          f"renders every prompt, and roles {roles} are shown images", "list a vision-language policy first")
+    for role in roles:
+        path, model = model_of(settings.policy_of(role))
+        if model is None:
+            continue
+        if getattr(model, "vision_config", None) is None:
+            raise ConfigError(key, f"role {role} is played by {path}, a text-only model ({model.model_type}): it cannot read an image",
+                              "give the role's policy a vision-language model (one with a vision_config), or drop the role from image_roles")
+        try:
+            processor = AutoProcessor.from_pretrained(path)
+        except ImportError as error:  # a processor part needs a package missing here (Qwen2-VL's: torchvision)
+            raise ConfigError(key, f"role {role}'s model {path}: its processor does not load here ({str(error).splitlines()[0]})",
+                              "install what it names, built for your torch (torchvision: pip install 'pettingllms-verl[vision]' "
+                              "from the index your torch came from)") from None
+        except (OSError, ValueError, TypeError) as error:
+            processor, why = None, f" ({type(error).__name__}: {str(error).splitlines()[0]})"
+        else:
+            why = ""
+        if getattr(processor, "image_processor", None) is None:
+            raise ConfigError(key, f"role {role}'s model {path} has no image processor{why}",
+                              "save the model's processor in its folder (processor.save_pretrained), as the model's hub folder has it")
+    for group, view in policy_views(config, settings):
+        if select(view, "actor_rollout_ref.actor.use_prefix_grouper"):
+            grouper = where(config, group, "actor.use_prefix_grouper")
+            raise ConfigError(grouper, f"with image roles {roles}: the shared-prefix forward packs text rows only "
+                              "(an image row's tokens come with its pixels and multimodal positions)", f"set {grouper}=false")
+
+
+def _check_adapters(config: DictConfig, settings: Any, groups: dict[str, list[str]]) -> None:
+    """LoRA adapters per role (L1): verl settings they need, their starting weights, and the base
+    model's module names (targets must exist; peft finds an adapter's tensors by its name)."""
+    from pettingllms_verl.config import ADAPTER_GROUP, SECTION, VLLM_PER_POLICY
+
+    adapters = groups[ADAPTER_GROUP]
+    if select(config, "actor_rollout_ref.model.lora.merge"):
+        raise ConfigError(
+            "actor_rollout_ref.model.lora.merge", f"true with {len(adapters)} adapters: verl merges the active "
+            "adapter into the base for the rollout, which would then serve one role's weights to every role",
+            "set actor_rollout_ref.model.lora.merge=false (each adapter is synced by name)",
+        )
+    if select(config, "actor_rollout_ref.model.lora_adapter_path"):
+        raise ConfigError("actor_rollout_ref.model.lora_adapter_path", "verl's one adapter, with adapters per policy",
+                          f"start an adapter from a folder with {SECTION}.policies.<name>.adapter.path instead")
+    if select(config, "actor_rollout_ref.actor.strategy") not in ("fsdp2", None):
+        raise ConfigError("actor_rollout_ref.actor.strategy", f"{select(config, 'actor_rollout_ref.actor.strategy')!r}: "
+                          "several adapters on one base need FSDP2", "set actor_rollout_ref.actor.strategy=fsdp2")
+    rollout = select(config, "actor_rollout_ref.rollout.name")
+    if rollout not in ("hf", VLLM_PER_POLICY):
+        raise ConfigError("actor_rollout_ref.rollout.name", f"{rollout!r} serves one LoRA adapter (verl 0.9.1)",
+                          "use hf, or vllm_multilora (several adapters per vLLM server)")
+    needs_ref = select(config, "actor_rollout_ref.actor.use_kl_loss") or select(config, "algorithm.use_kl_in_reward")
+    if needs_ref and len(groups) > 1:
+        raise ConfigError(
+            "actor_rollout_ref.actor.use_kl_loss", "a reference model in a run that mixes adapter policies with "
+            "full-model policies: the adapters' reference is their base with adapters off, the full models "
+            "would have none", "turn the KL terms off, or make every policy an adapter (or every one a full model)",
+        )
+    modules = _modules(select(config, "actor_rollout_ref.model.path"))
+    table = settings.policy_table()
+    for name in adapters:
+        adapter, key = table[name].adapter, f"{SECTION}.policies.{name}.adapter"
+        if modules is not None:
+            clash = next((module for module in modules if name in module), None)
+            if clash is not None:
+                raise ConfigError(key, f"the adapter name {name!r} is part of the base model's module name {clash!r} "
+                                  "(peft finds an adapter's tensors by its name)", "rename the policy")
+            targets = [t for t in adapter.target_modules if t != "all-linear"]
+            adaptable = _lora_layer_types()
+            leaves = sorted({m.rsplit(".", 1)[-1] for m, module in modules.items() if "layers.0." in m and isinstance(module, adaptable)})
+            missing = [t for t in targets if not any(m == t or m.endswith(f".{t}") for m in modules)]
+            if missing:
+                raise ConfigError(f"{key}.target_modules", f"the model has no module {missing[0]!r}",
+                                  f"use module names of its layers, e.g. {leaves[:8]}, or [all-linear]")
+            # peft raises for a matched module of any other type, after Ray and the workers started
+            unfit = next(((t, m) for t in targets for m, module in modules.items()
+                          if (m == t or m.endswith(f".{t}")) and not isinstance(module, adaptable)), None)
+            if unfit is not None:
+                target, module = unfit
+                inside = sorted({m.rsplit(".", 1)[-1] for m, sub in modules.items()
+                                 if m.startswith(f"{module}.") and isinstance(sub, adaptable)})
+                raise ConfigError(f"{key}.target_modules", f"{target!r} names {module}, a {type(modules[module]).__name__}: peft "
+                                  "adapts linear, embedding, convolution and multi-head attention layers only",
+                                  f"name the layers inside it, {inside}" if inside else f"use e.g. {leaves[:8]}, or [all-linear]")
+        if adapter.path is not None:
+            _check_adapter_path(f"{key}.path", adapter.path, adapter.rank)
+
+
+def _check_adapter_path(key: str, path: str, rank: int) -> None:
+    from peft import PeftConfig
+
+    folder = os.path.expanduser(path)
+    weights = [f for f in ("adapter_model.safetensors", "adapter_model.bin") if os.path.isfile(os.path.join(folder, f))]
+    try:
+        config = PeftConfig.from_pretrained(folder)
+    except Exception as error:
+        raise ConfigError(key, f"{path} does not load as a peft adapter ({type(error).__name__}: {str(error).splitlines()[0]})",
+                          "point it at a folder with adapter_config.json and adapter_model.safetensors (peft save_pretrained)") from None
+    if not weights:
+        raise ConfigError(key, f"{path} has adapter_config.json but no adapter_model.safetensors", "point it at a complete peft adapter folder")
+    if getattr(config, "r", rank) != rank:
+        raise ConfigError(key.rsplit(".", 1)[0] + ".rank", f"{rank}, but the adapter at {path} has rank {config.r}", f"set it to {config.r}")
+
+
+def _lora_layer_types() -> tuple[type, ...]:
+    """The module types peft's LoRA adapts (peft 0.21 ``lora.layer.dispatch_default``). A quantized
+    checkpoint's layers, built here from its config, are these types too (peft adapts their
+    quantized forms)."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
+
+
+def _modules(model_path: Any) -> dict[str, Any] | None:
+    """The base model's modules by name, from its config on the meta device (no weights read);
+    None where the config cannot be read here."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        hf_config = AutoConfig.from_pretrained(os.path.expanduser(str(model_path)))
+    except Exception:
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return {name: module for name, module in model.named_modules() if name}
+
+
+def _tokenizer_vocab(path: str) -> dict | None:
+    """A tokenizer's vocabulary and special tokens (None where it cannot be loaded here)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path))
+    except Exception:  # a hub model not cached: the model check above reports what matters
+        return None
+    return {"vocab": tokenizer.get_vocab(), "special": tokenizer.all_special_tokens}
+
+
+def _renders_for(main: dict, ours: dict) -> bool:
+    """Whether rows rendered by the run's tokenizer (``main``: actor_rollout_ref.model.path's; with image
+    roles the first policy's must see, _check_image_roles) read right in a policy's: the same tokenizer, or ``main``
+    with special tokens the policy's lacks (a vision-language model's image tokens beside a text-only
+    policy, whose prompts never hold one: image roles are refused to a text-only model)."""
+    if main == ours:
+        return True
+    extra = main["vocab"].keys() - ours["vocab"].keys()
+    return (all(main["vocab"].get(token) == index for token, index in ours["vocab"].items())
+            and extra <= set(main["special"]) and set(ours["special"]) <= set(main["special"]))
