@@ -17,7 +17,7 @@ import pytest
 from pettingllms_verl import config_reference
 from pettingllms_verl.config import PettingLLMsConfig
 from pettingllms_verl.eval import runs
-from pettingllms_verl.eval.__main__ import parse_args, run_specs
+from pettingllms_verl.eval.evaluate import parse_args, run_specs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def docstring_commands(path: str) -> list[tuple[int, str]]:
     return joined(lines)
 
 
-EVAL_CLI = "pettingllms_verl/eval/__main__.py"
+EVAL_CLI = "pettingllms_verl/eval/evaluate.py"
 COMMANDS = [(page, line, command) for page in PAGES for line, command in page_commands(page)]
 COMMANDS += [(EVAL_CLI, line, command) for line, command in docstring_commands(EVAL_CLI)]
 

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from pettingllms_verl.eval.reproduce import finished_steps
+from pettingllms_verl.eval.reproduce.training import finished_steps
 
 from support.checkpoints import saved_policy
 from support.cluster import LocalCluster, placement

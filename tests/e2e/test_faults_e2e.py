@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from pettingllms_verl.eval.reproduce import finished_steps
+from pettingllms_verl.eval.reproduce.training import finished_steps
 
 from support import RECIPES, faulty_env, launch
 

@@ -24,7 +24,7 @@ def mas_run(artifacts):
     step 4's checkpoint is being written (its folder exists only under the temporary name): the
     metrics and rows of steps 1-3, and the step of the last complete checkpoint at the kill
     (test_a_mas_run_killed_while_saving_resumes_from_the_last_complete_checkpoint resumes the run)."""
-    from pettingllms_verl.eval.reproduce import finished_steps
+    from pettingllms_verl.eval.reproduce.training import finished_steps
     from pettingllms_verl.trainer.mas_trainer import PARTIAL_SUFFIX
 
     from kill import kill_when
@@ -197,7 +197,7 @@ def test_math_team_programs_and_answers_are_graded_inside_ray_and_its_control_tr
 def test_a_mas_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(mas_run, artifacts):
     """The run killed while saving step 4: the same command resumes from the last complete
     checkpoint and no partial folder is ever taken for a step."""
-    from pettingllms_verl.eval.reproduce import finished_steps
+    from pettingllms_verl.eval.reproduce.training import finished_steps
 
     _, _, at_kill = mas_run
     checkpoints = artifacts / "checkpoints" / "plan_path_mas_atgrpo_cpu"

@@ -11,7 +11,7 @@ import pytest
 
 from support import RECIPES, launch
 
-from pettingllms_verl.eval.reproduce import finished_steps
+from pettingllms_verl.eval.reproduce.training import finished_steps
 
 from support.kill import kill_when, logged_steps
 

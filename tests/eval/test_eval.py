@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pettingllms_verl.eval import results, runs
-from pettingllms_verl.eval.__main__ import main
+from pettingllms_verl.eval.evaluate import main
 
 RECIPE = "plan_path_mas_full_cpu"  # two policies on the warm-started tiny model, Plan-Path 6x6
 
@@ -292,7 +292,7 @@ def test_swap_none_plays_no_swapped_pass_even_where_the_recipe_validates_swapped
 def test_jobs_play_runs_at_once_and_report_them_in_the_order_given(env, monkeypatch, capsys):
     import threading
 
-    from pettingllms_verl.eval import __main__ as evaluate
+    from pettingllms_verl.eval import evaluate
 
     both_running = threading.Barrier(2, timeout=60)  # broken (and the test failed) unless a and b play at the same time
 
@@ -322,7 +322,7 @@ def test_progress_lines_of_runs_going_at_once_stay_whole(monkeypatch):
     import threading
     import time
 
-    from pettingllms_verl.eval import __main__ as evaluate
+    from pettingllms_verl.eval import evaluate
 
     class Slow(io.StringIO):  # a terminal that lets other threads in between writes, as a busy machine does
         def write(self, text):

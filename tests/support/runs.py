@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from pettingllms_verl.eval.reproduce import finished_steps
+from pettingllms_verl.eval.reproduce.training import finished_steps
 
 from support import RECIPES, launch
 from support.kill import kill_when, logged_steps
