@@ -172,3 +172,7 @@ def test_no_test_file_imports_another_and_no_harness_lives_in_the_package():
             for name in names:
                 assert not name.split(".")[-1].startswith(("test_", "conftest")), f"{path.relative_to(tests)} imports {name}"
     assert not list((ENVS_DIR.parent / "trainer").glob("local_engine.py"))
+    # loaded by their path in main_ppo's processes (or run as a script), where tests/ is not on the path
+    for helper in ("faulty_env", "plan_path_frameworks", "team_programs", "normal_user"):
+        source = (tests / "support" / f"{helper}.py").read_text()
+        assert "from support" not in source and "import support" not in source, helper

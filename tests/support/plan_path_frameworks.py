@@ -15,10 +15,9 @@ import os
 
 from pettingllms_verl.targets import load_target
 
-from support import REPO
-
 FRAMEWORKS = ("plan_path_openai", "plan_path_langgraph", "plan_path_agents_sdk", "plan_path_autogen")
-ROOT = str(REPO)
+# main_ppo's processes load this file by its path, where tests/ is not importable: the repository from here
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples", "agents")
 AUTOGEN_PYTHON = os.path.join(ROOT, ".venv-autogen", "bin", "python")  # make install-autogen
 TEAMS = {name: load_target(f"{EXAMPLES}/{name}.py:team") for name in FRAMEWORKS if name != "plan_path_autogen"}
