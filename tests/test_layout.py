@@ -163,6 +163,17 @@ def test_every_import_runs_down_the_floors():
     assert upward == [], upward
 
 
+def _imports_of_any(source: str) -> set[str]:
+    """Every module ``source`` imports, anywhere in it (absolute names as written)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module or "")
+    return found
+
+
 def test_no_test_file_imports_another_and_no_harness_lives_in_the_package():
     tests = Path(__file__).parent
     for path in tests.rglob("*.py"):
@@ -172,6 +183,10 @@ def test_no_test_file_imports_another_and_no_harness_lives_in_the_package():
             for name in names:
                 assert not name.split(".")[-1].startswith(("test_", "conftest")), f"{path.relative_to(tests)} imports {name}"
     assert not list((ENVS_DIR.parent / "trainer").glob("local_engine.py"))
+    helpers = {path.stem for path in (tests / "support").glob("*.py")} - {"__init__"}
+    for path in tests.rglob("test_*.py"):  # late imports too: a helper by its bare name is found nowhere
+        bare = {name for name in _imports_of_any(path.read_text()) if name.split(".")[0] in helpers}
+        assert not bare, f"{path.relative_to(tests)} imports {sorted(bare)}: import it from support"
     # loaded by their path in main_ppo's processes (or run as a script), where tests/ is not on the path
     for helper in ("faulty_env", "plan_path_frameworks", "team_programs", "normal_user"):
         source = (tests / "support" / f"{helper}.py").read_text()

@@ -112,7 +112,7 @@ def test_a_step_kept_as_its_adapters_alone_is_evaluated_through_main_ppo_with_ea
     import shutil
     import sys
 
-    import launch
+    from support import launch
     from support import RECIPES
 
     step = artifacts / "checkpoints" / RECIPE / "global_step_4"  # validated (test_freq=4) by the resumed run

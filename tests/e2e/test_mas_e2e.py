@@ -17,7 +17,6 @@ K = 4
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.fixture(scope="module")
 def mas_run(artifacts):
     """A run to 5 steps, validated at step 3 (greedy, one episode per test problem), SIGKILLed while
@@ -27,7 +26,7 @@ def mas_run(artifacts):
     from pettingllms_verl.eval.reproduce.training import finished_steps
     from pettingllms_verl.trainer.mas_trainer import PARTIAL_SUFFIX
 
-    from kill import kill_when
+    from support.kill import kill_when
 
     dump, metrics_path = artifacts / "batches", artifacts / "killed.jsonl"
     checkpoints = artifacts / "checkpoints" / "plan_path_mas_atgrpo_cpu"
@@ -129,7 +128,7 @@ def test_two_data_parallel_ranks_on_two_nodes_get_whole_groups_and_keep_sharing_
     on CPU: the KL is 0 before the first update (the reference is the initial policy) and not after.
     The plan role samples at temperature 2.0, the rollout at 1.0: its rows are still trained at the
     temperature they were sampled at (off-policy, the rollout/actor gap was 0.076 instead of < 1e-5)."""
-    from cluster import LocalCluster, placement
+    from support.cluster import LocalCluster, placement
 
     metrics_path = artifacts / "dp2.jsonl"
     with LocalCluster() as cluster:

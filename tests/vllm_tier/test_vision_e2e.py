@@ -105,7 +105,7 @@ def test_the_evaluation_plays_a_team_that_sees_and_the_viewer_shows_each_role_wh
     import os
     import sys
 
-    import launch
+    from support import launch
     from PIL import Image
 
     from pettingllms_verl.envs.images import CELL_PIXELS, PNG_DATA_URI
