@@ -7,6 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+
 class ConfigError(ValueError):
     """A config value that cannot work, with the key that holds it."""
 
