@@ -60,6 +60,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                         "--set actor_rollout_ref.model.path=DIR)")
     parser.add_argument("--split", default="test", help="the data split played, beside the recipe's val file (default test)")
     parser.add_argument("--episodes", type=int, default=None, help="the first N problems of the split, the same ones for every run (default all)")
+    parser.add_argument("--samples", type=int, default=1, metavar="N",
+                        help="episodes per problem, sampled independently at the evaluation temperature (default 1): reports avg@N and pass@k")
+    parser.add_argument("--pass-k", default=None, metavar="K[,K...]",
+                        help="the k of pass@k, each at most --samples (default with --samples N > 1: 1 and N)")
     parser.add_argument("--select", choices=("best-val", "latest"), default="best-val", help="which step of a run's checkpoint folder")
     parser.add_argument("--swap", help="two policies A,B to also play swapped, or none (default: the two policies of a two-policy recipe)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run (repeat)")
@@ -74,7 +78,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--jobs {args.jobs}: need at least 1")
     if args.episodes is not None and args.episodes < 1:
         parser.error(f"--episodes {args.episodes}: need at least 1")
+    if args.samples < 1:
+        parser.error(f"--samples {args.samples}: need at least 1 episode per problem")
+    args.pass_k = pass_ks(parser, args.pass_k, args.samples)
     return args
+
+
+def pass_ks(parser: argparse.ArgumentParser, given: str | None, samples: int) -> list[int]:
+    """The k of pass@k asked for: each between 1 and the episodes per problem (``--samples``)."""
+    if given is None:
+        return sorted({1, samples}) if samples > 1 else []
+    try:
+        ks = sorted({int(k) for k in given.split(",") if k.strip()})
+    except ValueError:
+        parser.error(f"--pass-k {given}: give whole numbers, e.g. --pass-k 1,4")
+    if not ks or ks[0] < 1 or ks[-1] > samples:
+        parser.error(f"--pass-k {given}: each k must be between 1 and --samples ({samples}): pass@k needs at least k episodes "
+                     f"per problem; raise --samples to {max(ks or [1])} or lower k")
+    return ks
 
 
 def run_specs(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
@@ -110,9 +131,12 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
     if not recipes_dir.is_dir():
         raise EvalError(f"--recipes {recipes_dir}: no such folder (the default is the recipes shipped in the package: give a folder of recipes)")
     built = []
+    overrides = [*runs.sample_overrides(args.samples), *args.overrides]  # a --set still wins
     for label, recipe, checkpoint in run_specs(args):
-        cfg = runs.compose(recipe, args.overrides, recipes_dir)
+        cfg = runs.compose(recipe, overrides, recipes_dir)
         load(cfg.get(SECTION))  # a bad pettingllms section names its key here, not after Ray started
+        if args.samples > 1:
+            runs.check_sampling(cfg, f"--samples {args.samples}: run {label}")
         for group, model in runs.policy_models(cfg).items():
             runs.check_model(model, f"run {label}, policy {group}")
         step_dir = runs.resolve_checkpoint(checkpoint, args.select) if checkpoint else None
@@ -120,7 +144,7 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
             runs.check_checkpoint(step_dir, cfg, recipe)
         data_file = runs.split_file(cfg, args.split)
         swap = None if args.swap == "none" else runs.swap_pair(cfg, args.swap.split(",") if args.swap else None)
-        built.append(Run(label, recipe, cfg, runs.data_env(data_file), data_file, step_dir, list(args.overrides), swap))
+        built.append(Run(label, recipe, cfg, runs.data_env(data_file), data_file, step_dir, overrides, swap))
     return built
 
 
@@ -188,8 +212,9 @@ def why_it_stopped(log_path: Path, lines: int = 40) -> str:
     return log[start][log[start].index(faults.STOPPED):] + "".join(log[start + 1 : start + lines])
 
 
-def collect(run: Run, out: Path, wall_s: float) -> tuple[list[dict], list[dict]]:
-    """The table rows (as trained, and swapped) and the episode records of a finished run."""
+def collect(run: Run, out: Path, wall_s: float, ks: list[int] = ()) -> tuple[list[dict], list[dict]]:
+    """The table rows (as trained, and swapped) and the episode records of a finished run; with ``ks``
+    (several episodes per problem) its avg@n and pass@k."""
     records = results.read_episode_dir(str(out / "runs" / run.label / "episodes"))
     for record in records:
         record["run"] = run.label
@@ -204,7 +229,7 @@ def collect(run: Run, out: Path, wall_s: float) -> tuple[list[dict], list[dict]]
             "label": run.label, "recipe": run.recipe, "env": run.env, "method": runs.method_of(run.config), "swapped": swapped,
             "step": run.step, "checkpoint": run.checkpoint, "models": runs.policy_models(run.config), "split": run.data_file,
             "swap": run.swap if swapped else None, "wall_s": wall_s, "episodes_per_s": len(part) / span if span > 0 else None,
-            **results.summarize(part),
+            **results.summarize(part, ks),
         })
     return rows, records
 
@@ -249,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     def evaluate(index: int, run: Run) -> tuple[list[dict], list[dict]]:
-        return collect(run, out, play(run, args, out, bar_position=index % args.jobs))
+        return collect(run, out, play(run, args, out, bar_position=index % args.jobs), args.pass_k)
 
     rows, records, failed = [], [], []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own main_ppo process

@@ -11,6 +11,9 @@ import math
 import os
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+import numpy as np
 
 from pettingllms_verl.episodes.tags import ERRORS
 
@@ -62,9 +65,46 @@ def binomial_se(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n) if n else 0.0
 
 
-def summarize(records: list[dict]) -> dict:
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from ``n`` episodes of one problem, ``c`` of them solved
+    (Chen et al. 2021): the chance that k episodes drawn from the n without replacement hold a solved
+    one, 1 - C(n - c, k) / C(n, k). k = 1 gives c / n."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@{k} from {c} solved of {n} episodes: need 0 < k <= n and 0 <= c <= n")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def problem_outcomes(records: list[dict]) -> dict[tuple[str, int], list[bool]]:
+    """(environment, seed) -> the successes of that problem's episodes (the n samples of one pass)."""
+    outcomes: dict[tuple[str, int], list[bool]] = defaultdict(list)
+    for record in records:
+        outcomes[(str(record["env"]), int(record["seed"]))].append(bool(record["success"]))
+    return dict(outcomes)
+
+
+def sampled(records: list[dict], ks: Sequence[int]) -> dict:
+    """What n episodes per problem say: ``samples`` (the fewest any problem has), ``avg`` (avg@n: the
+    mean over problems of each one's solved share, the estimate of mean@1 from n samples; ``avg_se``
+    its standard error over problems, as a problem's n episodes are not independent) and per k,
+    pass@k averaged over problems with its standard error over problems. A problem with fewer than k
+    episodes (one lost to a killed run) cannot estimate pass@k: ``short`` counts them, left out."""
+    outcomes = problem_outcomes(records)
+    counts = [len(wins) for wins in outcomes.values()]
+    shares = [float(np.mean(wins)) for wins in outcomes.values()]
+    result = {"samples": min(counts, default=0), "problems": len(outcomes), "avg": float(np.mean(shares)) if shares else 0.0,
+              "avg_se": float(np.std(shares, ddof=1) / math.sqrt(len(shares))) if len(shares) > 1 else 0.0, "pass": {}}
+    for k in ks:
+        values = [pass_at_k(len(wins), sum(wins), k) for wins in outcomes.values() if len(wins) >= k]
+        se = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
+        result["pass"][str(k)] = {"value": float(np.mean(values)) if values else None, "se": se, "problems": len(values),
+                                  "short": len(outcomes) - len(values)}
+    return result
+
+
+def summarize(records: list[dict], ks: Sequence[int] = ()) -> dict:
     """Success, turns and end causes of a set of episodes, and per role (over the replies played,
-    placeholders excluded): mean reward of its chosen replies and its parse-failure rate."""
+    placeholders excluded): mean reward of its chosen replies and its parse-failure rate. With ``ks``
+    (several episodes per problem): ``sampled``'s avg@n and pass@k under ``sampled``."""
     n = len(records)
     success = sum(bool(r["success"]) for r in records) / n if n else 0.0
     roles: dict[str, dict[str, list]] = defaultdict(lambda: {"reward": [], "parse_fail": []})
@@ -89,6 +129,7 @@ def summarize(records: list[dict]) -> dict:
             }
             for role, values in sorted(roles.items())
         },
+        **({"sampled": sampled(records, ks)} if ks else {}),
     }
 
 
@@ -122,7 +163,9 @@ def markdown(rows: list[dict], split: str) -> str:
         by_env[row["env"]].append(row)
     for env, env_rows in by_env.items():
         roles = sorted({role for row in env_rows for role in row["roles"]})
-        header = ["method", "run", "weights", "episodes", "success", "faults"] + [f"{role} reward" for role in roles] + [f"{role} parse fail" for role in roles]
+        ks = sorted({int(k) for row in env_rows for k in (row.get("sampled") or {}).get("pass", {})})
+        header = (["method", "run", "weights", "episodes", "success"] + [f"pass@{k}" for k in ks] + ["faults"]
+                  + [f"{role} reward" for role in roles] + [f"{role} parse fail" for role in roles])
         out += [f"## {env}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in env_rows:
             method = row["method"] + (" swapped" if row["swapped"] else "")
@@ -130,7 +173,12 @@ def markdown(rows: list[dict], split: str) -> str:
             faults = row.get("faults")  # absent: a table written before faults were counted
             marked = " (faults)" if faults else ""
             counts = "-" if faults is None else ", ".join(f"{cause} {n}" for cause, n in sorted(faults.items())) or "none"
-            cells = [method, row["label"], weights, str(row["episodes"]), f"{row['success']:.3f} ± {row['success_se']:.3f}{marked}", counts]
+            sampled = row.get("sampled")
+            episodes = f"{row['episodes']} ({sampled['problems']} × {sampled['samples']})" if sampled else str(row["episodes"])
+            success = f"{sampled['avg']:.3f} ± {sampled['avg_se']:.3f}" if sampled else f"{row['success']:.3f} ± {row['success_se']:.3f}"
+            cells = [method, row["label"], weights, episodes, success + marked]
+            cells += [pass_cell((sampled or {}).get("pass", {}).get(str(k))) for k in ks]
+            cells.append(counts)
             cells += [f"{row['roles'][r]['reward_mean']:.3f}" if r in row["roles"] else "-" for r in roles]
             cells += [f"{row['roles'][r]['parse_failure_rate']:.2f}" if r in row["roles"] else "-" for r in roles]
             out.append("| " + " | ".join(cells) + " |")
@@ -138,4 +186,16 @@ def markdown(rows: list[dict], split: str) -> str:
     out.append("success: share of episodes solved (± its binomial standard error), marked (faults) where some episodes "
                "ended by a fault, each counted as unsolved; faults: those episodes by cause (engine_error, env_error); "
                "reward: mean role reward of the replies played; parse fail: share of a role's replies that could not be read.")
+    if any(row.get("sampled") for row in rows):
+        out.append("\nWith n episodes per problem (episodes: problems × n), success is avg@n: the mean over problems of each one's solved share, the "
+                   "estimate of one episode's success (mean@1) from n samples, ± its standard error over problems; pass@k: "
+                   "the unbiased estimate from n samples (Chen et al. 2021) that one of k episodes solves a problem, averaged "
+                   "over problems, ± its standard error over problems.")
     return "\n".join(out) + "\n"
+
+
+def pass_cell(estimate: dict | None) -> str:
+    if not estimate or estimate["value"] is None:
+        return "-"
+    short = f" ({estimate['short']} problems short)" if estimate["short"] else ""
+    return f"{estimate['value']:.3f} ± {estimate['se']:.3f}{short}"

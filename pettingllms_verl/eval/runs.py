@@ -205,6 +205,26 @@ def swap_pair(cfg: DictConfig, swap: list[str] | None) -> list[str] | None:
     return sorted(table) if len(table) == 2 else None
 
 
+def sample_overrides(samples: int) -> list[str]:
+    """verl's validation plays each problem ``val_kwargs.n`` times (one batch: the n x problems episodes
+    run at once, as one evaluation does); several of them are sampled, not greedy."""
+    return [f"actor_rollout_ref.rollout.val_kwargs.n={samples}", "actor_rollout_ref.rollout.val_kwargs.do_sample=true"] if samples > 1 else []
+
+
+def check_sampling(cfg: DictConfig, what: str) -> None:
+    """Several episodes of a problem differ only where some role samples at a temperature above 0 in
+    validation (verl's ``val_kwargs.temperature``, or a role's ``val_sampling``): greedy, they are one."""
+    settings = load(cfg.get(SECTION))
+    default = float(cfg.actor_rollout_ref.rollout.val_kwargs.get("temperature", 0.0) or 0.0)
+    temperatures = [float(settings.sampling_overrides(role, True).get("temperature", default)) for role in settings.roles] or [default]
+    if max(temperatures) <= 0:
+        raise EvalError(
+            f"{what} validates greedily (actor_rollout_ref.rollout.val_kwargs.temperature={default}, and no role's "
+            "pettingllms.roles.<role>.val_sampling.temperature above 0): its episodes of one problem would all be the same; "
+            "sample them with --set actor_rollout_ref.rollout.val_kwargs.temperature=1.0"
+        )
+
+
 def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str, jobs: int = 1) -> list[str]:
     """``main_ppo`` arguments of a run: validation only, on its split, episodes logged to ``run_dir``;
     ``jobs``: how many such runs share the machine at once."""

@@ -21,7 +21,7 @@ import sys
 from collections import defaultdict
 
 from pettingllms_verl.envs.images import PNG_DATA_URI
-from pettingllms_verl.eval.results import LogError, read_jsonl
+from pettingllms_verl.eval.results import LogError, read_jsonl, sampled
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
@@ -130,7 +130,39 @@ def branch_card(env: str, sample: dict) -> str:
     )
 
 
-def episode_html(index: int, record: dict) -> str:
+def problem_key(record: dict) -> tuple:
+    """The episodes that are samples of one problem: same run, same pass (swapped or not), same environment and seed."""
+    return record.get("run"), bool(record.get("swapped")), str(record.get("env")), record.get("seed")
+
+
+def sample_notes(records: list[dict]) -> tuple[list[str], str]:
+    """Where a problem was played several times (``pettingllms-eval --samples``): per episode, which of
+    its problem's samples it is and how many of them were solved; and the page's line of avg@n and
+    pass@k (``results.sampled``, per run and pass). Empty where every problem was played once."""
+    by_problem: dict[tuple, list[dict]] = defaultdict(list)
+    for record in records:
+        by_problem[problem_key(record)].append(record)
+    if all(len(group) == 1 for group in by_problem.values()):
+        return [""] * len(records), ""
+    notes = []
+    for record in records:
+        group = by_problem[problem_key(record)]
+        solved = sum(bool(r.get("success")) for r in group)
+        notes.append(f" · sample {group.index(record) + 1} of {len(group)} of this problem, {solved} solved")
+    passes: dict[tuple, list[dict]] = defaultdict(list)
+    for record in records:
+        passes[(record.get("run"), bool(record.get("swapped")))].append(record)
+    lines = []
+    for (run, swapped), part in passes.items():
+        counts = sorted({len(by_problem[problem_key(r)]) for r in part})
+        got = sampled(part, [1, counts[0]] if counts[0] > 1 else [1])
+        estimates = ", ".join(f"pass@{k} {v['value']:.3f}" for k, v in got["pass"].items() if v["value"] is not None)
+        lines.append(f"{esc(run or 'episodes')}{' swapped' if swapped else ''}: {got['problems']} problems, "
+                     f"{got['samples']} samples each, avg@{got['samples']} {got['avg']:.3f}, {estimates}")
+    return notes, "<ul>" + "".join(f"<li>{line}</li>" for line in lines) + "</ul>"
+
+
+def episode_html(index: int, record: dict, note: str = "") -> str:
     env = str(record.get("env"))
     samples = [s for s in record.get("samples", []) if not s.get("placeholder")]
     roles = list(dict.fromkeys(s["role"] for s in samples))
@@ -143,7 +175,7 @@ def episode_html(index: int, record: dict) -> str:
              f'{"solved" if success else "not solved"}</span>'
              + (f' · ended by {esc(record["end_cause"])}' if record.get("end_cause") else "")
              + (f' · run {esc(record["run"])}' if record.get("run") else "")
-             + (" · swapped policies" if record.get("swapped") else ""))
+             + (" · swapped policies" if record.get("swapped") else "") + esc(note))
     policies = record.get("policies") or {}
     header = "".join(f"<th>{esc(role)}" + (f" ({esc(policies[role])})" if role in policies else "") + "</th>" for role in roles)
     rows = []
@@ -166,13 +198,16 @@ def episode_html(index: int, record: dict) -> str:
     )
 
 
-def page(records: list[dict], title: str = "Episodes") -> str:
-    body = "".join(episode_html(i, r) for i, r in enumerate(records))
+def page(records: list[dict], title: str = "Episodes", limit: int | None = None) -> str:
+    """The page of the first ``limit`` episodes; the samples' counts and pass@k are of them all."""
+    notes, summary = sample_notes(records)
+    records, notes = records[:limit], notes[:limit]
+    body = "".join(episode_html(i, r, note) for i, (r, note) in enumerate(zip(records, notes)))
     solved = sum(bool(r.get("success")) for r in records)
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{esc(title)}</title><style>{CSS}</style></head>'
         f"<body><h1>{esc(title)}</h1><p>{len(records)} episodes, {solved} solved. Each turn shows every branch of its "
-        f"tree node; ★ marks the branch the episode continued from.</p>{body}</body></html>"
+        f"tree node; ★ marks the branch the episode continued from.</p>{summary}{body}</body></html>"
     )
 
 
@@ -193,10 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         if not records:
             print(f"viewer: no {args.env} episodes in {', '.join(args.logs)}", file=sys.stderr)
             return 2
-    records = records[: args.limit]
     with open(args.out, "w", encoding="utf-8") as f:
-        f.write(page(records))
-    print(f"wrote {args.out} ({len(records)} episodes)")
+        f.write(page(records, limit=args.limit))
+    print(f"wrote {args.out} ({min(len(records), args.limit)} episodes)")
     return 0
 
 

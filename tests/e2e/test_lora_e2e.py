@@ -106,7 +106,8 @@ def test_sigkill_mid_step_then_resume_continues_every_adapter_and_validates_them
 def test_a_step_kept_as_its_adapters_alone_is_evaluated_through_main_ppo_with_each_adapter_from_it(l1_run, artifacts):
     """What ``reproduce --archive`` keeps of an L1 run (its validation and each adapter's peft export, not
     verl's checkpoint) plays through ``pettingllms-eval``: the recipe's base with each adapter loaded from
-    the step, each role served by its own adapter."""
+    the step, each role served by its own adapter. Played with ``--samples 3``: each problem three times
+    in one validation batch, sampled, reported as avg@3 and pass@k."""
     import json
     import os
     import shutil
@@ -122,17 +123,27 @@ def test_a_step_kept_as_its_adapters_alone_is_evaluated_through_main_ppo_with_ea
     out = artifacts / "eval_adapters_only"
     result = launch.run(
         [sys.executable, "-m", "pettingllms_verl.eval", f"l1={RECIPE}@{slim.parent}", "--episodes", "2", "--swap", "none",
+         "--samples", "3", "--pass-k", "1,2", "--set", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
          "--out", str(out), "--recipes", RECIPES],
         timeout=1200, cwd=artifacts, env={**os.environ, "PETTINGLLMS_ARTIFACTS": str(artifacts)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = json.load(open(out / "results.json"))["rows"]
-    assert row["step"] == 4 and row["episodes"] == 2
+    assert row["step"] == 4 and row["episodes"] == 6
+    sampled = row["sampled"]
+    assert (sampled["problems"], sampled["samples"], sorted(sampled["pass"])) == (2, 3, ["1", "2"])
+    assert sampled["pass"]["1"]["value"] == pytest.approx(sampled["avg"]) and sampled["pass"]["2"]["value"] >= sampled["avg"]
+    assert "| 6 (2 × 3) |" in (out / "results.md").read_text()
     log = (out / "runs" / "l1" / "main_ppo.log").read_text()
     for name in POLICY_OF.values():
         assert str(slim / "policies" / "lora" / "lora_adapters" / name) in log  # the adapter it started from
-    for episode in (json.loads(line) for line in open(out / "episodes.jsonl")):
+    episodes = [json.loads(line) for line in open(out / "episodes.jsonl")]
+    for episode in episodes:
         assert episode["served_by"] == {role: [policy] for role, policy in POLICY_OF.items()}
+    seeds = [episode["seed"] for episode in episodes]
+    assert len(set(seeds)) == 2 and all(seeds.count(seed) == 3 for seed in seeds)
+    replies = {seed: {tuple(s["reply"] for s in e["samples"]) for e in episodes if e["seed"] == seed} for seed in seeds}
+    assert any(len(played) > 1 for played in replies.values())  # sampled: a problem's episodes differ
 
 
 @pytest.fixture(scope="module")

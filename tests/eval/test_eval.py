@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pettingllms_verl.eval import results, runs
-from pettingllms_verl.eval.evaluate import main
+from pettingllms_verl.eval.evaluate import build_runs, expected_episodes, main, parse_args
 
 RECIPE = "plan_path_mas_full_cpu"  # two policies on the warm-started tiny model, Plan-Path 6x6
 
@@ -153,6 +153,62 @@ def test_summary_counts_chosen_replies_per_role():
     assert summary["success_se"] == pytest.approx(0.5 / 2 ** 0.5)
     assert summary["roles"]["tool"] == {"replies": 2, "reward_mean": 0.5, "parse_failure_rate": 0.5}  # the unchosen branch does not count
     assert summary["roles"]["plan"] == {"replies": 1, "reward_mean": 0.5, "parse_failure_rate": 0.0}  # nor the placeholder
+
+
+def test_pass_at_k_is_chens_unbiased_estimator():
+    """Hand-computed: 1 - C(n - c, k) / C(n, k)."""
+    assert results.pass_at_k(4, 1, 1) == 0.25 and results.pass_at_k(4, 0, 4) == 0.0 and results.pass_at_k(4, 1, 4) == 1.0
+    assert results.pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)
+    assert results.pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)
+    assert results.pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)
+    for bad in ((4, 1, 5), (4, 5, 2), (4, 1, 0)):
+        with pytest.raises(ValueError, match="need 0 < k <= n"):
+            results.pass_at_k(*bad)
+
+
+def test_samples_per_problem_give_avg_at_n_and_pass_at_k_over_problems_on_a_fixed_log():
+    """Three problems, four episodes each: 1, 2 and 0 solved; a fourth problem lost two of its episodes
+    (a killed run), so it counts for pass@1 and pass@2 but is short for pass@4."""
+    wins = {1: [True, False, False, False], 2: [False, True, True, False], 3: [False] * 4, 4: [True, False]}
+    records = [episode(seed, won, []) for seed, outcomes in wins.items() for won in outcomes]
+    summary = results.summarize(records, [1, 2, 4])
+    got = summary["sampled"]
+    assert (got["samples"], got["problems"]) == (2, 4)
+    assert got["avg"] == pytest.approx((0.25 + 0.5 + 0 + 0.5) / 4)
+    assert got["avg_se"] == pytest.approx(((0.0625 ** 2 + 0.1875 ** 2 + 0.3125 ** 2 + 0.1875 ** 2) / 3) ** 0.5 / 2)
+    assert got["pass"]["1"]["value"] == pytest.approx(got["avg"])  # pass@1 from n samples is avg@n
+    pass2 = [0.5, 5 / 6, 0.0, 1.0]
+    mean2 = sum(pass2) / 4
+    assert got["pass"]["2"]["value"] == pytest.approx(mean2)
+    assert got["pass"]["2"]["se"] == pytest.approx((sum((v - mean2) ** 2 for v in pass2) / 3) ** 0.5 / 2)
+    assert got["pass"]["4"] == {"value": pytest.approx(2 / 3), "se": pytest.approx((1 / 3) ** 0.5 / 3 ** 0.5), "problems": 3, "short": 1}
+    assert "sampled" not in results.summarize(records)  # one episode per problem: no pass@k asked
+    row = {"label": "l2", "method": "MAS", "step": 3, "env": "plan_path", **summary, "swapped": False}
+    table = results.markdown([row], "test")
+    assert "| success | pass@1 | pass@2 | pass@4 | faults |" in table and f"| {len(records)} (4 × 2) | 0.312 ± 0." in table
+    assert f"| {mean2:.3f} ± " in table and "| 0.667 ± 0.333 (1 problems short) |" in table and "success is avg@n" in table
+
+
+def test_samples_and_pass_k_are_checked_before_anything_runs(env, capsys):
+    """n below k, a k of 0, greedy validation (the n episodes would be one): each refused, naming the flag."""
+    for argv, said in (((RECIPE, "--samples", "4", "--pass-k", "2,8"), "--pass-k 2,8: each k must be between 1 and --samples (4)"),
+                       ((RECIPE, "--pass-k", "2"), "--pass-k 2: each k must be between 1 and --samples (1)"),
+                       ((RECIPE, "--samples", "4", "--pass-k", "0"), "--pass-k 0: each k must be between 1"),
+                       ((RECIPE, "--samples", "2", "--pass-k", "one"), "--pass-k one: give whole numbers"),
+                       ((RECIPE, "--samples", "0"), "--samples 0: need at least 1")):
+        with pytest.raises(SystemExit):
+            main(list(argv))
+        assert said in capsys.readouterr().err
+    err = error_of(capsys, RECIPE, "--samples", "3")
+    assert "--samples 3: run plan_path_mas_full_cpu validates greedily (actor_rollout_ref.rollout.val_kwargs.temperature=0.0" in err
+    assert "--set actor_rollout_ref.rollout.val_kwargs.temperature=1.0" in err
+    # sampled: every episode of a problem played in one validation batch, n of them (the progress bar counts them all)
+    args = parse_args([RECIPE, "--samples", "3", "--set", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"])
+    (run,) = build_runs(args)
+    assert args.pass_k == [1, 3] and run.config.actor_rollout_ref.rollout.val_kwargs.n == 3
+    assert run.config.actor_rollout_ref.rollout.val_kwargs.do_sample is True and expected_episodes(run, None) == 2 * 3 * 2  # swapped too
+    played = runs.compose(RECIPE, runs.main_ppo_overrides(run, None, "/tmp/x"), runs.RECIPES_DIR)
+    assert played.actor_rollout_ref.rollout.val_kwargs.n == 3 and played.actor_rollout_ref.rollout.val_kwargs.temperature == 1.0
 
 
 def test_damaged_logs(tmp_path, capsys):
@@ -304,7 +360,7 @@ def test_jobs_play_runs_at_once_and_report_them_in_the_order_given(env, monkeypa
 
     written = {}
     monkeypatch.setattr(evaluate, "play", play)
-    monkeypatch.setattr(evaluate, "collect", lambda run, out, wall_s: ([{"label": run.label}], [{"run": run.label}]))
+    monkeypatch.setattr(evaluate, "collect", lambda run, out, wall_s, ks: ([{"label": run.label}], [{"run": run.label}]))
     monkeypatch.setattr(evaluate, "write_outputs", lambda out, rows, records, split: written.update(rows=rows))
     monkeypatch.setattr(evaluate.results, "markdown", lambda rows, split: "")
     argv = [f"{label}={RECIPE}" for label in ("c", "b", "a")] + ["--jobs", "2", "--out", str(env / "out")]

@@ -178,3 +178,14 @@ def test_viewer_refuses_missing_and_empty_logs(tmp_path, capsys):
     assert "empty.jsonl: no records" in capsys.readouterr().err
     with pytest.raises(LogError, match="no episodes-"):
         viewer.load([str(tmp_path)])
+
+
+def test_samples_of_one_problem_are_counted_on_each_episode_and_their_pass_at_k_heads_the_page():
+    """``pettingllms-eval --samples 3``: each episode says which sample of its problem it is, and the page
+    gives avg@n and pass@k per run, over every episode even where ``--limit`` shows fewer."""
+    records = [{"env": "plan_path", "seed": seed, "success": won, "run": "l2", "samples": []}
+               for seed, wins in ((1, (True, False, False)), (2, (False, False, False))) for won in wins]
+    text = viewer.page(records, limit=2)
+    assert text.count('class="episode"') == 2 and "sample 2 of 3 of this problem, 1 solved" in text
+    assert "l2: 2 problems, 3 samples each, avg@3 0.167, pass@1 0.167, pass@3 0.500" in text
+    assert "samples each" not in viewer.page(records[::3])  # one episode per problem: nothing to count

@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated training seeds (data order and sampling; default 0,1,2,3,4)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the recipes' trainer.total_training_steps)")
     parser.add_argument("--episodes", type=int, default=None, help="test problems per evaluation (default all)")
+    parser.add_argument("--samples", type=int, default=1, metavar="N",
+                        help="episodes per test problem in each evaluation (pettingllms-eval --samples; default 1): success is then avg@N")
     parser.add_argument("--splits", default=",".join(DEFAULT_SPLITS),
                         help=f"comma-separated splits evaluated before and after, of {', '.join(SPLITS)} (default {','.join(DEFAULT_SPLITS)}: "
                              "the development test split and the final confirmation split, read for the primary claim alone)")
@@ -83,6 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--episodes {args.episodes}: need at least 1 (leave it out for the whole test split)")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: need at least 1")
+    if args.samples < 1:
+        parser.error(f"--samples {args.samples}: need at least 1 episode per problem")
     args.splits = [split.strip() for split in args.splits.split(",") if split.strip()]
     if not args.splits or any(split in ("train", "val") for split in args.splits):
         parser.error(f"--splits {','.join(args.splits)}: name held-out splits (test, confirm): train and val are used to train and choose")

@@ -10,7 +10,7 @@ from pathlib import Path
 from pettingllms_verl.eval import evaluate
 from pettingllms_verl.eval import archive
 from pettingllms_verl.files import write_whole
-from pettingllms_verl.eval.reproduce.fingerprints import alike_starts, eval_overrides, fingerprint_changes, warm_names
+from pettingllms_verl.eval.reproduce.fingerprints import alike_starts, eval_overrides, fingerprint_changes, recorded, warm_names
 from pettingllms_verl.eval.reproduce.methods import CONTROL_OF, PRIMARY_FILE, ReproduceError, run_label
 
 
@@ -23,6 +23,8 @@ def evaluate_runs(specs: list[str], args: argparse.Namespace, out: Path, seed: i
         argv += ["--swap", "none"]
     if args.episodes:
         argv += ["--episodes", str(args.episodes)]
+    if args.samples > 1:
+        argv += ["--samples", str(args.samples)]
     if evaluate.main(argv) != 0:
         raise ReproduceError(f"evaluation into {out} failed (pettingllms-eval said why above; a started run's log is {out}/runs/<label>/main_ppo.log)")
     return read_evaluation(out)
@@ -106,12 +108,12 @@ def saved_evaluations(args: argparse.Namespace, saved: Path) -> tuple[dict, dict
                     raise ReproduceError(f"{folder}: no finished evaluation there ({error.__class__.__name__}); "
                                          "run without --report to play it") from None
     for key, what in (("source", "by different code (the package's source sha256)"), ("problems", "on other problems (sha256)"),
-                      ("episodes", "with other problem counts (--episodes)")):
+                      ("episodes", "with other problem counts (--episodes)"), ("samples", "with other episodes per problem (--samples)")):
         for split in [None] if key == "source" else args.splits:
             values: dict[str, list[str]] = {}
             for folder, fp in prints.items():
                 if split is None or folder.parent.name == split:
-                    values.setdefault(str(fp.get(key)), []).append(str(folder.relative_to(saved)))
+                    values.setdefault(str(recorded(fp, key)), []).append(str(folder.relative_to(saved)))
             if len(values) > 1:
                 raise ReproduceError(f"the evaluations in {saved} were made {what}: "
                                      + "; ".join(f"{value[:12]}: {', '.join(folders)}" for value, folders in values.items()))

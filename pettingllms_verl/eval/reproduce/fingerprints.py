@@ -186,9 +186,14 @@ def fingerprint(specs: list[str], args: argparse.Namespace, warm: dict, seed: in
     each run's weights (``trained``: label -> ``trained_id``), and whether two-policy runs are also
     played swapped (``swap``)."""
     recipes = {spec.split("=", 1)[0]: spec.split("=", 1)[1].split("@", 1)[0] for spec in specs}
-    return {"source": source, "split": split, "problems": problems, "episodes": args.episodes, "seed": seed,
+    return {"source": source, "split": split, "problems": problems, "episodes": args.episodes, "samples": args.samples, "seed": seed,
             "configs": {label: flat_config(recipe, eval_overrides(args, seed), Path(args.recipes)) for label, recipe in recipes.items()},
             "warm": {label: warm[label] for label in recipes}, "trained": trained, "swap": swap}
+
+
+def recorded(fp: dict, key: str):
+    """A fingerprint's ``key``; one written before ``samples`` was recorded played one episode per problem."""
+    return fp.get(key, 1 if key == "samples" else None)
 
 
 def fingerprint_changes(saved: dict, now: dict) -> list[str]:
@@ -198,8 +203,8 @@ def fingerprint_changes(saved: dict, now: dict) -> list[str]:
         reasons.append(f"the package's source changed (sha256 {str(saved.get('source'))[:12]} -> {now['source'][:12]})")
     if saved.get("problems") != now["problems"]:
         reasons.append(f"the {now['split']} split holds other problems (sha256 {str(saved.get('problems'))[:12]} -> {now['problems'][:12]})")
-    for key in ("split", "episodes", "seed"):
-        if saved.get(key) != now[key]:
+    for key in ("split", "episodes", "samples", "seed"):
+        if recorded(saved, key) != now[key]:
             reasons.append(f"{key}: {json.dumps(saved.get(key))} -> {json.dumps(now[key])}")
     # one that does not say was played swapped after training and not before (as this command played them then)
     if saved.get("swap", saved.get("trained") is not None) != now["swap"]:

@@ -56,7 +56,8 @@ def markdown(table: list[dict], meta: dict) -> str:
     lines = [
         "# Reproduction: Plan-Path 4x4 in one turn (routes of 2-3 moves), models warm-started on noisy demonstrations",
         "",
-        f"Test success (share of {meta['episodes'] or '-'} problems solved, sampled at T = 1) before training (the warm start, "
+        f"Test success (share of {meta['episodes'] or '-'} problems solved, sampled at T = 1"
+        + (f"; avg@{meta['samples']}: {meta['samples']} episodes per problem" if meta.get("samples", 1) > 1 else "") + ") before training (the warm start, "
         f"evaluated once per training seed with that seed's sampling) and after {meta['steps']} steps (each run's best step on "
         f"val; its last step in the second table), training seeds {', '.join(map(str, seeds))}. After: the mean over training runs with its {level} t interval "
         "from the variance between runs (seeds - 1 degrees of freedom); before: the mean of the warm start's evaluations "
@@ -222,14 +223,17 @@ def write_table(out: Path, args: argparse.Namespace, before: dict, after: dict, 
     A run in ``failed`` or ``meta["not_evaluated"]`` is left out of the figures; the latter's curve is drawn."""
     not_evaluated = meta.get("not_evaluated", {})
     table = aggregate(before, after, args.methods, args.seeds, sources, failed, not_evaluated, set(meta.get("alike", [])), meta["steps"])
-    episodes = next((r["episodes"] for split in after.values() for ev in split.values() for r in ev["rows"]), None)
+    played = next((r for split in after.values() for ev in split.values() for r in ev["rows"]), None)
+    sampled = (played or {}).get("sampled") or {}
+    episodes = sampled.get("problems", played["episodes"]) if played else None
     claim = (meta.get("primary") or {}).get("claim")
     found = comparisons(table, claim)
     family = adjust(table, found)
     curve_of = {label: curve_file(curves or out, label) for label in (run_label(m, s) for m in args.methods for s in args.seeds)}
     meta = {**meta, "seeds": args.seeds, "splits": args.splits, "episodes": episodes,
             "before_of": {m: source_of for m, source_of in sources.items() if source_of != m}, "comparisons": found, "failed": failed,
-            "not_evaluated": not_evaluated, "family": family, "primary_result": next((c for c in found if c["primary"]), None),
+            "samples": sampled.get("samples", 1), "not_evaluated": not_evaluated, "family": family,
+            "primary_result": next((c for c in found if c["primary"]), None),
             "collapses": {m: {s: collapses(curve_of[run_label(m, s)]) for s in args.seeds} for m in args.methods},
             "train_wall_s": {m: {s: sum(t) if (t := launch_times((curves or out) / "checkpoints" / run_label(m, s))) else None
                                  for s in args.seeds} for m in args.methods}}
