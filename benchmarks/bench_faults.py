@@ -34,7 +34,7 @@ from pettingllms_verl.envs.plan_path.env import PlanPathEnv
 from pettingllms_verl.models.tiny import build
 from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
 from pettingllms_verl.episodes.tags import ERRORS
-from pettingllms_verl.trainer.mas_trainer import episode_metrics
+from pettingllms_verl.trainer.metrics import episode_metrics
 
 K = 2
 REPLY = "```python\nprint('R D')\n```\n<answer>R D</answer>"

@@ -52,11 +52,6 @@ VLLM_PER_POLICY = "vllm_multilora"
 # The plugin's trainers (trainer.v1.trainer_mode) -> the verl schedule each runs: verl's own checks
 # (replay buffer, refill, checkpointed in-flight episodes) and its trainer.v1.<mode> section read that.
 TRAINER_MODES = {"mas_sync": "sync", "mas_colocate_async": "colocate_async"}
-# the checkpoint layout of the mas_sync trainer (read by the evaluation)
-POLICIES_DIR = "policies"  # global_step_N/policies/<group>/: one checkpoint per worker group
-EXPORT_DIR = "lora_adapters"  # global_step_N/policies/lora/lora_adapters/<name>/: each adapter in peft format, servable alone
-CRITICS_DIR = "critics"  # global_step_N/critics/<group>/: the value model of each group that has one (gae)
-VAL_METRICS = "val_metrics.json"  # global_step_N/val_metrics.json: the validation of that step's weights
 # a training row's field (and tag): the temperature its reply was sampled at, which its log-probs use
 ROW_TEMPERATURE = "mas_temperature"
 # the smallest positive sampling temperature: below it vLLM samples greedily, and a row scored at it

@@ -2,6 +2,8 @@
 the parameters the plugin relies on, and a verl outside the verified versions is said plainly at
 registration, naming each seam that moved."""
 
+from pathlib import Path
+
 import pytest
 
 from pettingllms_verl import compat
@@ -12,6 +14,10 @@ def test_every_seam_into_verl_holds_on_the_installed_verl():
     assert compat.outside_verified() == {}  # the suite runs on a verified verl
     for seam in compat.SEAMS:  # each says where it is used and why no public hook serves
         assert seam.used_in and seam.why and ":" in seam.target, seam
+        name = seam.target.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+        for room in seam.used_in.split(", "):  # and each room named uses it
+            path = Path(compat.__file__).parent / room
+            assert path.is_file() and name in path.read_text(), (seam, room)
 
 
 def test_a_seam_that_moved_is_named_with_what_changed(monkeypatch):

@@ -137,7 +137,7 @@ def test_loading_the_plugin_imports_no_environment_gateway_or_team_program_modul
 # The package's floors, lowest first: a room (a subpackage, or a top-level module) imports rooms of its
 # own floor or lower ones only (docs/architecture.md). A new room goes on a floor here.
 FLOORS = (
-    {"__init__", "config", "algo", "compat", "placement", "memory", "targets", "files", "artifacts", "lora_names", "recipes"},
+    {"__init__", "config", "algo", "compat", "placement", "memory", "targets", "files", "checkpoints", "artifacts", "lora_names", "recipes"},
     {"data", "sandbox"},
     {"envs"},
     {"episodes"},

@@ -25,7 +25,8 @@ import json
 import shutil
 from pathlib import Path
 
-from pettingllms_verl.config import ADAPTER_GROUP, EXPORT_DIR, POLICIES_DIR, VAL_METRICS
+from pettingllms_verl.checkpoints import EXPORT_DIR, POLICIES_DIR, VAL_METRICS
+from pettingllms_verl.config import ADAPTER_GROUP
 from pettingllms_verl.files import write_whole
 
 OUTCOME_KEYS = ("run", "swapped", "seed", "success")  # of an episode: what reproduce.read_evaluation reads

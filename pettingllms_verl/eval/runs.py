@@ -21,7 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pettingllms_verl import artifacts
 from pettingllms_verl.backends.cpu import usable_cores
-from pettingllms_verl.config import ADAPTER_GROUP, EXPORT_DIR, POLICIES_DIR, SECTION, VAL_METRICS, load
+from pettingllms_verl.checkpoints import EXPORT_DIR, POLICIES_DIR, VAL_METRICS, step_of, steps_in, step_folder
+from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package
 SUCCESS_KEY = re.compile(r"^val-core/[^/]+/reward/mean@\d+$")  # episode success per data source (not swap/)
@@ -47,7 +48,7 @@ class Run:
 
     @property
     def step(self) -> int | None:
-        return int(self.checkpoint.rsplit("global_step_", 1)[1]) if self.checkpoint else None
+        return step_of(self.checkpoint) if self.checkpoint else None
 
 
 def compose(recipe: str, overrides: list[str], recipes_dir: Path) -> DictConfig:
@@ -117,15 +118,14 @@ def resolve_checkpoint(path: str, select: str) -> str:
     if not os.path.isdir(path):
         raise EvalError(f"checkpoint {path}: no such folder; give a global_step_N folder or a run's trainer.default_local_dir")
     path = os.path.abspath(path)
-    if re.search(r"global_step_\d+$", path):
+    if step_of(path) is not None:
         return path
-    steps = sorted(glob.glob(os.path.join(path, "global_step_*")), key=lambda p: int(p.rsplit("_", 1)[1]))
-    steps = [p for p in steps if re.search(r"global_step_\d+$", p)]
+    steps = [step_folder(path, step) for step in steps_in(path)]
     if not steps:
         raise EvalError(f"checkpoint {path}: no global_step_N folders in it; is it a run's trainer.default_local_dir?")
     if select == "latest":
         return steps[-1]
-    scored = [(score, int(p.rsplit("_", 1)[1]), p) for p in steps if (score := val_success(p)) is not None]
+    scored = [(score, step_of(p), p) for p in steps if (score := val_success(p)) is not None]
     if not scored:
         raise EvalError(
             f"checkpoint {path}: no step has {VAL_METRICS} (validation on the val split at a saved step: train with "

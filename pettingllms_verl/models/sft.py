@@ -20,6 +20,8 @@ import shutil
 import subprocess
 import sys
 
+from pettingllms_verl.checkpoints import step_folder
+
 
 # Chance of the right demonstration per kind of reply (see models/demos.py).
 DEFAULT_P_CORRECT = {"tool": 0.3, "copy": 1.0, "plan": 0.3}
@@ -105,7 +107,7 @@ def warm_start(base: str, out: str, episodes: int = 800, p_correct: dict[str, fl
         raise SystemExit(f"verl's SFT trainer failed (its output is above); the demonstrations are kept in {work}")
     staging = out.rstrip("/") + ".tmp"
     shutil.rmtree(staging, ignore_errors=True)
-    checkpoint = os.path.join(work, "checkpoints", f"global_step_{steps}")
+    checkpoint = step_folder(os.path.join(work, "checkpoints"), steps)
     if lora_rank:
         _export_adapter(checkpoint, os.path.join(work, "merged"), staging)
     else:

@@ -22,12 +22,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import math
 import os
-import re
-import shutil
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from functools import partial
 
 import numpy as np
@@ -41,85 +38,35 @@ from verl.checkpoint_engine import CheckpointEngineManager
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, create_colocated_worker_cls
 from verl.plugin.platform import get_platform
 from verl.trainer.ppo.core_algos import AdvantageEstimator
-from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.utils import Role
-from verl.trainer.ppo.v1.trainer_base import _count_tq_prompt_groups, register_trainer
+from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
-from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.engine_workers import TrainingWorkerConfig
 from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.utils.losses import value_loss
 
 from pettingllms_verl.algo import AT_GRPO, group_stats, permute_within_groups, zero_variance_frac
-from pettingllms_verl.config import (ADAPTER_GROUP, CRITICS_DIR, NULL_REWARD_PERMUTE, POLICIES_DIR, ROW_TEMPERATURE, SECTION, TRAINER_MODES,
-                                     VAL_METRICS, load, policy_config)
+from pettingllms_verl.checkpoints import VAL_METRICS, step_folder
+from pettingllms_verl.config import ADAPTER_GROUP, NULL_REWARD_PERMUTE, ROW_TEMPERATURE, SECTION, TRAINER_MODES, load, policy_config
+from pettingllms_verl.episodes.tags import SWAPPED_KWARG
 from pettingllms_verl.files import write_whole
-from pettingllms_verl.episodes.tags import ERRORS, SWAPPED_KWARG, TRUNCATIONS
+from pettingllms_verl.placement import PLACEMENT, name_actors, named_by_ray, nodes_of, refusal, who
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
-from pettingllms_verl.trainer.critic import ValueModelWorker
-from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer import rendezvous
-from pettingllms_verl.placement import PLACEMENT, actors_of, blind_nodes, name_actors, named_by_ray, nodes_of, refusal, who
+from pettingllms_verl.trainer.batching import PolicyBatching, check_groups_within_policies
+from pettingllms_verl.trainer.checkpointing import PolicyCheckpoints
+from pettingllms_verl.trainer.critic import ValueModelWorker
+from pettingllms_verl.trainer.metrics import episode_metrics, explained_variance, policy_metrics, staleness
+from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
-from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, ranks_of_groups
-
-PARTIAL_SUFFIX = ".partial"  # a step folder being written; renamed to global_step_N when complete
-QUEUE_DIR = "transfer_queue"  # global_step_N/transfer_queue/: an asynchronous run's episodes under way (verl's layout)
+from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker
 
 TRAINER_MODE = "mas_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
 WORKER_CHECK_S = 10.0  # while waiting for episodes: how often the agent-loop workers are asked whether they live
-
-
-def episode_metrics(tags: list[dict]) -> dict[str, float]:
-    """``mas/`` metrics from the rows' ``extra_fields`` (see ``rollout/agent_loop.py``). An episode
-    ended by a fault counts as a failure in ``mas/success`` and in ``mas/episode_errors`` or
-    ``mas/truncated`` (and per cause); ``mas/fault_share`` (and per cause) is the share of the
-    step's episodes a fault ended, what the fault budget is held against."""
-    metrics: dict[str, float] = {}
-    ends = [t for t in tags if t.get("mas_episode_end")]
-    if ends:
-        metrics["mas/success"] = float(np.mean([bool(t["mas_success"]) for t in ends]))
-        metrics["mas/turns_mean"] = float(np.mean([t["mas_turns"] for t in ends]))
-        env_s, generate_s = sum(t["mas_env_s"] for t in ends), sum(t["mas_generate_s"] for t in ends)
-        metrics["mas/env_time_frac"] = env_s / max(env_s + generate_s, 1e-9)
-        # tree nodes sampled again because a weight push split their branches (asynchronous modes)
-        metrics["mas/resampled_nodes"] = float(sum(t.get("mas_resampled_nodes") or 0 for t in ends))
-        # episodes played on across a weight push (asynchronous modes): their later replies from newer weights
-        metrics["mas/straddled_episodes"] = float(sum(bool(t.get("mas_straddled")) for t in ends))
-        causes = [t.get("mas_end_cause") for t in ends]
-        for total, kinds in (("mas/episode_errors", ERRORS), ("mas/truncated", TRUNCATIONS)):
-            metrics[total] = float(sum(cause in kinds for cause in causes))
-            metrics.update({f"{total}/{kind}": float(causes.count(kind)) for kind in kinds})
-        tally = FaultTally()
-        tally.add_tags(ends)
-        metrics.update(tally.metrics())
-        programs = [t["mas_program"] for t in ends if t.get("mas_program")]
-        if programs:  # team programs (programs/episode.py): runs per episode, replays that asked something else
-            metrics["mas/program/runs_mean"] = float(np.mean([p["runs"] for p in programs]))
-            metrics["mas/program/calls"] = float(sum(p["calls"] for p in programs))  # through the gateway, replayed ones included
-            metrics["mas/program/replayed_calls"] = float(sum(p["replayed_calls"] for p in programs))
-            metrics["mas/program/replay_diverged"] = float(sum(p["diverged"] for p in programs))
-    replies = [t for t in tags if not t.get("mas_placeholder")]
-    metrics["mas/placeholder_rows"] = float(len(tags) - len(replies))  # episodes that failed before a reply: a row each, its own group
-    metrics["mas/parse_failure_rate"] = float(np.mean([not t["mas_parse_ok"] for t in replies])) if replies else 0.0
-    by_role: dict[str, list[float]] = defaultdict(list)
-    sandbox: dict[str, Counter] = defaultdict(Counter)
-    for t in replies:
-        by_role[t["mas_role"]].append(t["mas_local_reward"])
-        sandbox[t["mas_role"]].update(t.get("mas_sandbox_runs") or {})
-    for role, counts in sorted(sandbox.items()):  # the sandbox runs of a role's programs this step, by status
-        if not counts:
-            continue
-        metrics[f"mas/{role}/sandbox/runs"] = float(counts.total())
-        metrics.update({f"mas/{role}/sandbox/{status}": float(runs) for status, runs in counts.items()})
-    for role, rewards in sorted(by_role.items()):
-        metrics[f"mas/{role}/reward_mean"] = float(np.mean(rewards))
-    return metrics
 
 
 def _with_column(batches, name: str, value):
@@ -129,66 +76,8 @@ def _with_column(batches, name: str, value):
         yield batch
 
 
-def explained_variance(values: list[torch.Tensor], returns: list[torch.Tensor], masks: list[torch.Tensor]) -> float:
-    """verl's ``critic/vf_explained_var`` over some rows: 1 - Var(returns - values) / Var(returns)
-    over their response tokens.
-
-    Args:
-        values, returns, masks: per row, (response_len,) each.
-    """
-    keep = torch.cat([mask.bool() for mask in masks])
-    value, ret = torch.cat(values)[keep].float(), torch.cat(returns)[keep].float()
-    if ret.numel() < 2:
-        return float("nan")
-    return float(1.0 - torch.var(ret - value) / (torch.var(ret) + 1e-5))
-
-
-def check_groups_within_policies(index, policies: list[str]) -> None:
-    """An advantage group mixes rows of two policies only through a bug (AT-GRPO keys hold the role)."""
-    seen: dict[str, str] = {}
-    for group, policy in zip(index, policies):
-        if seen.setdefault(group, policy) != policy:
-            raise AssertionError(f"advantage group {group!r} spans policies {seen[group]!r} and {policy!r}")
-
-
-def spread_padding(is_padding: list[bool], ranks: int, mini_batches: int) -> tuple[list[int], float]:
-    """A row order that spreads padding rows evenly over the optimizer steps of an update.
-
-    verl hands data-parallel rank r the r-th contiguous chunk of the batch and cuts each chunk into
-    ``mini_batches`` consecutive mini-batches (one optimizer step each, over every rank's j-th
-    piece). Its padding rows sit at the end, so the last step could hold one real row. Here each
-    chunk keeps its real rows in order and deals its padding rows round-robin over its
-    mini-batches (rows stay on their rank: the balancing over ranks is kept).
-
-    Args:
-        is_padding: (bs,) whether each row is padding, in the batch's order; bs divisible by
-            ``ranks * mini_batches``.
-
-    Returns:
-        the new order (indices into the batch, (bs,)) and the smallest real-row share of any
-        optimizer step (over all ranks' pieces of it) in that order.
-    """
-    size = len(is_padding)
-    if size % (ranks * mini_batches):
-        raise ValueError(f"{size} rows do not split into {ranks} ranks x {mini_batches} mini-batches")
-    chunk, piece = size // ranks, size // ranks // mini_batches
-    order, real_per_step = [], [0] * mini_batches
-    for start in range(0, size, chunk):
-        rows = range(start, start + chunk)
-        real = [i for i in rows if not is_padding[i]]
-        pads = [i for i in rows if is_padding[i]]
-        # pads per mini-batch as even as they go; real rows fill the rest, in order
-        quota = [len(pads) // mini_batches + (j < len(pads) % mini_batches) for j in range(mini_batches)]
-        for j in range(mini_batches):
-            take = piece - quota[j]
-            order += real[:take] + pads[: quota[j]]
-            real, pads = real[take:], pads[quota[j]:]
-            real_per_step[j] += take
-    return order, min(real_per_step) / (piece * ranks)
-
-
 @register_trainer(TRAINER_MODE)
-class MASTrainer(PPOTrainerSync):
+class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
     mode = TRAINER_MODE  # its trainer.v1.trainer_mode
     llm_client_cls = None  # verl's client class of the mode's schedule (None: verl's plain one)
 
@@ -318,27 +207,6 @@ class MASTrainer(PPOTrainerSync):
         self._check_checkpoint_folder(placement)
         self._load_checkpoint()
 
-    def _check_checkpoint_folder(self, placement: dict[str, dict[str, list[str]]]) -> None:
-        """Every trainer rank writes its shards into trainer.default_local_dir and reads them back
-        on resume, beside this process's files: a node that does not see the folder as this
-        process does would save a checkpoint no resume can find whole. Refused before step 1."""
-        trainer = self.config.trainer
-        if trainer.val_only or (trainer.save_freq <= 0 and trainer.resume_mode == "disable"):
-            return  # nothing is saved to it nor resumed from it
-        folder = str(trainer.default_local_dir)
-        for name, group in self.groups.items():
-            try:
-                blind = blind_nodes(folder, actors_of(group)["trainer"], placement[name]["trainer"])
-            except OSError as error:
-                raise ValueError(f"trainer.default_local_dir: checkpoints cannot be written to {folder}: {error}") from None
-            if blind:
-                raise ValueError(
-                    f"trainer.default_local_dir: {folder} is not the same folder on node(s) {', '.join(blind)} "
-                    f"(trainer ranks of {name}) as on this node ({ray.get_runtime_context().get_node_id()}): "
-                    "a file written here is not there. Every node must see one folder for checkpoints to resume: "
-                    "an absolute path on storage every node mounts (docs/cluster.md)."
-                )
-
     def _group(self, name: str, config, worker_group, servers, sync, critic=None) -> PolicyGroup:
         policies = self.group_policies[name]
         return PolicyGroup(
@@ -451,12 +319,16 @@ class MASTrainer(PPOTrainerSync):
         if self.reward_loop_manager.reward_loop_worker_handles is None:
             raise ValueError("a colocated reward model would overwrite the per-sample rewards; disable reward.reward_model")
 
-        parts = self._partition(batch)
-        per_policy: dict[str, dict] = {name: {"rows": float(len(part)), **self._staleness(part, name)} for name, part in parts.items()}
+        parts, tags = self._partition(batch)
+        trainable = {name for name in parts if self.policy_table[name].trainable}  # a frozen policy's staleness is not reported
+        per_policy: dict[str, dict] = {
+            name: {"rows": float(len(part)), **(staleness([tags[key] for key in part.keys], self.global_steps) if name in trainable else {})}
+            for name, part in parts.items()
+        }
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             for name, part in parts.items():
                 with self._serving(self._group_of(name)):
-                    self._put_row_temperatures(part)
+                    self._put_row_temperatures(part, tags)
                     part.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
                     part = self._balance_batch(part, metrics=per_policy[name])  # pads with this policy's rows only
                     self._name_adapter(part, name)
@@ -496,56 +368,18 @@ class MASTrainer(PPOTrainerSync):
                         with self._serving(self._group_of(name)):
                             self._name_adapter(part, name)
                             self._update_actor(part, metrics=per_policy[name])
-        self._merge_policy_metrics(metrics, per_policy)
+        metrics.update(policy_metrics(per_policy, trainable))
         return batch
 
-    def _staleness(self, part: KVBatchMeta, policy: str) -> dict[str, float]:
-        """How many weight pushes behind this policy's newest its rows' replies were sampled (0: the
-        weights this step trains; > 0 only in an asynchronous mode); a frozen policy's are not reported."""
-        if not self.policy_table[policy].trainable:
-            return {}
-        tags = tq.kv_batch_get(keys=part.keys, partition_id=part.partition_id, select_fields=["extra_fields"])["extra_fields"]
-        lags = [self.global_steps - 1 - min(tag["mas_weight_versions"]) for tag in tags if tag.get("mas_weight_versions")]
-        if not lags:
-            return {}
-        return {"off_policy/staleness_mean": float(np.mean(lags)), "off_policy/staleness_max": float(max(lags))}
-
-    def _put_row_temperatures(self, part: KVBatchMeta) -> None:
+    def _put_row_temperatures(self, part: KVBatchMeta, tags: dict[str, dict]) -> None:
         """Each row's sampling temperature (its ``ROW_TEMPERATURE`` tag) as a field of the batch: the
         engine computes old log-probs, the reference and the update of a row at it, so a role
         sampled at its own temperature stays on-policy (verl's scalar is the policy group's
-        ``rollout.temperature``). Before padding: verl's padding rows copy the first row's fields."""
-        tags = tq.kv_batch_get(keys=part.keys, partition_id=part.partition_id, select_fields=["extra_fields"])["extra_fields"]
+        ``rollout.temperature``). Before padding: verl's padding rows copy the first row's fields.
+        ``tags``: row key -> its tags (``_partition``'s)."""
         default = float(self.config.actor_rollout_ref.rollout.temperature)
-        values = torch.tensor([float(tag.get(ROW_TEMPERATURE, default)) for tag in tags], dtype=torch.float32)
+        values = torch.tensor([float(tags[key].get(ROW_TEMPERATURE, default)) for key in part.keys], dtype=torch.float32)
         tq.kv_batch_put(keys=part.keys, partition_id=part.partition_id, fields=TensorDict({ROW_TEMPERATURE: values}, batch_size=len(values)))
-
-    def _balance_batch(self, batch: KVBatchMeta, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
-        """verl's padding and balancing over data-parallel ranks; with the shared-prefix forward on,
-        balanced by whole AT-GRPO groups instead of rows (``shared_prefix.ranks_of_groups``), so the
-        K branches of one prompt land on one rank, adjacent, and share their prompt's forward there."""
-        if not self.config.actor_rollout_ref.actor.get("use_prefix_grouper", False):
-            return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
-        dp_size = self._dp_size()
-        batch = upsample_batch_to_divisible_size(batch, self._get_required_batch_multiple(dp_size), self.tokenizer.eos_token_id)
-        seq_lens = [int(tag["seq_len"]) for tag in batch.tags]
-        tags = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"]
-        groups: dict[str, list[int]] = {}
-        for i, (tag, meta) in enumerate(zip(tags, batch.tags)):  # verl's padding rows copy row 0's tags: each stands alone
-            real = isinstance(tag, dict) and "mas_group" in tag and not meta.get("is_padding")
-            groups.setdefault(tag["mas_group"] if real else f"row{i}", []).append(i)
-        workloads = calculate_workload(torch.tensor(seq_lens, dtype=torch.int64)).tolist()
-        partitions = ranks_of_groups(list(groups.values()), workloads, dp_size)
-        batch.reorder([i for rows in partitions for i in rows])
-        metrics.update(log_seqlen_unbalance(seqlen_list=seq_lens, partitions=partitions, prefix=logging_prefix))
-        return batch
-
-    def _dp_size(self) -> int:
-        """The actor's data-parallel size (verl's dispatch info, queried once as verl does)."""
-        wg = self.actor_rollout_wg
-        if "actor" not in wg._dispatch_info:
-            wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
-        return max(wg._dispatch_info["actor"]) + 1
 
     def _group_of(self, policy: str) -> PolicyGroup:
         return self.groups[self.group_of[policy]]
@@ -555,9 +389,10 @@ class MASTrainer(PPOTrainerSync):
         if policy in self._group_of(policy).adapters:
             part.extra_info[ADAPTER_KEY] = policy
 
-    def _partition(self, batch: KVBatchMeta) -> dict[str, KVBatchMeta]:
+    def _partition(self, batch: KVBatchMeta) -> tuple[dict[str, KVBatchMeta], dict[str, dict]]:
         """The batch's rows by policy (``mas_policy`` tag), each checked to come from its policy's
-        current weights: a trainable policy's replies must come from the weights after the last update."""
+        current weights: a trainable policy's replies must come from the weights after the last update.
+        Also each row's tags by its key (read once here, for the step's other per-row needs)."""
         tags = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"]
         keys: dict[str, list[str]] = {name: [] for name in self.policy_table}
         for key, tag in zip(batch.keys, tags):
@@ -572,7 +407,7 @@ class MASTrainer(PPOTrainerSync):
             if self.policy_table[policy].trainable:
                 self._check_versions(key, policy, tag["mas_weight_versions"])
             keys[policy].append(key)
-        return {name: batch.select_keys(rows) for name, rows in keys.items() if rows}
+        return {name: batch.select_keys(rows) for name, rows in keys.items() if rows}, dict(zip(batch.keys, tags))
 
     def _check_versions(self, key: str, policy: str, versions: list[int]) -> None:
         """A trainable policy's replies come from its weights after the last update (sync), or, in an
@@ -592,42 +427,6 @@ class MASTrainer(PPOTrainerSync):
             raise AssertionError(f"row {key}: policy {policy!r} sampled with weights of steps {versions} at step "
                                  f"{self.global_steps} (newest {newest}, trainer.v1.sampler.max_off_policy_threshold={bound})")
 
-    def _merge_policy_metrics(self, metrics: dict, per_policy: dict[str, dict]) -> None:
-        """``policy/<name>/...`` for every policy; verl's plain names (``actor/grad_norm``, ...) are
-        the mean over the trainable policies (over all when every policy is frozen)."""
-        trainable = [name for name in per_policy if self.policy_table[name].trainable] or list(per_policy)
-        plain: dict[str, list[float]] = defaultdict(list)
-        for name, values in per_policy.items():
-            for key, value in values.items():
-                metrics[f"policy/{name}/{key}"] = value
-                if key != "rows" and name in trainable:
-                    plain[key].append(value)
-        metrics.update({key: float(np.mean(values)) for key, values in plain.items()})
-
-    def _get_required_batch_multiple(self, dp_size: int) -> int:
-        k = self.settings.trainer.mini_batches_per_step
-        if k is None:
-            return super()._get_required_batch_multiple(dp_size)
-        return math.lcm(dp_size, self.config.actor_rollout_ref.rollout.n) * k
-
-    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """verl's update, with the padding rows spread over its optimizer steps (``spread_padding``;
-        ``actor/mini_batch_real_frac_min``: the smallest real-row share of a step; not with
-        ``actor.shuffle``, where verl draws each rank's mini-batches at random); with
-        ``trainer.mini_batches_per_step`` = K the policy's rows (padded to a multiple of K) are split
-        into exactly K mini-batches, whatever the episodes' lengths."""
-        actor = self.config.actor_rollout_ref.actor
-        n = self.config.actor_rollout_ref.rollout.n
-        k = self.settings.trainer.mini_batches_per_step
-        if not actor.get("shuffle", False):  # shuffled, verl deals each rank's rows into mini-batches itself
-            mini_batches = k if k is not None else len(batch) // (actor.ppo_mini_batch_size * n)
-            order, metrics["actor/mini_batch_real_frac_min"] = spread_padding(
-                [bool(tag.get("is_padding", False)) for tag in batch.tags], self._dp_size(), mini_batches
-            )
-            batch.reorder(order)
-        with self._exactly_k_mini_batches(actor, len(batch)):
-            return super()._update_actor(batch, metrics)
-
     def _compute_values(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.critic_wg is not None:
             return super()._compute_values(batch, metrics)
@@ -636,27 +435,6 @@ class MASTrainer(PPOTrainerSync):
         zeros = [{"values": torch.zeros(len(mask))} for mask in masks.unbind(0)]
         tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(zeros))
         return batch
-
-    def _update_critic(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        with self._exactly_k_mini_batches(self.config.critic, len(batch)):
-            return super()._update_critic(batch, metrics)
-
-    @contextlib.contextmanager
-    def _exactly_k_mini_batches(self, section, rows: int):
-        """With ``trainer.mini_batches_per_step`` = K, ``section.ppo_mini_batch_size`` (actor or critic)
-        set for the update so that its ``rows`` split into exactly K mini-batches."""
-        k = self.settings.trainer.mini_batches_per_step
-        if k is None:
-            yield
-            return
-        configured = section.ppo_mini_batch_size
-        with open_dict(section):
-            section.ppo_mini_batch_size = rows // k // self.config.actor_rollout_ref.rollout.n
-        try:
-            yield
-        finally:
-            with open_dict(section):
-                section.ppo_mini_batch_size = configured
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         """verl's step metrics read each row's weight versions as integers; an episode that failed
@@ -774,7 +552,7 @@ class MASTrainer(PPOTrainerSync):
                 metrics.update({f"swap/{key}": value for key, value in super()._validate().items()})
             finally:
                 self.val_dataloader = plain
-        step_dir = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        step_dir = step_folder(self.config.trainer.default_local_dir, self.global_steps)
         if not self.config.trainer.get("val_only", False) and os.path.isdir(step_dir):
             path = os.path.join(step_dir, VAL_METRICS)
             files = self.config.data.val_files
@@ -783,90 +561,3 @@ class MASTrainer(PPOTrainerSync):
         return metrics
 
     # ------------------------------ checkpoints ------------------------------
-
-    def _save_checkpoint(self):
-        """``global_step_N/policies/<group>/`` per worker group (weights, optimizer, scheduler; the
-        adapter group also each adapter in peft format), ``critics/<group>/`` per critic (gae) and the dataloader, written under a
-        temporary name and renamed when complete; then the tracker file (renamed too), then older
-        step folders beyond ``trainer.max_actor_ckpt_to_keep`` are removed. A run killed at any
-        point leaves the last complete checkpoint named by the tracker, and no partial folder under
-        a step's name."""
-        trainer = self.config.trainer
-        root = trainer.default_local_dir
-        step_dir = os.path.join(root, f"global_step_{self.global_steps}")
-        partial = step_dir + PARTIAL_SUFFIX
-        shutil.rmtree(partial, ignore_errors=True)  # left by a run killed while saving this step
-        for name, group in self.groups.items():
-            for folder, workers in ((POLICIES_DIR, group.worker_group), (CRITICS_DIR, group.critic)):
-                if workers is None:
-                    continue
-                remote = None if trainer.default_hdfs_dir is None else os.path.join(
-                    trainer.default_hdfs_dir, f"global_step_{self.global_steps}", folder, name
-                )
-                # Retention is done below, over whole step folders: verl's would delete by the
-                # temporary paths it was given.
-                workers.save_checkpoint(os.path.join(partial, folder, name), remote, self.global_steps, max_ckpt_to_keep=None)
-        os.makedirs(partial, exist_ok=True)
-        torch.save(self.train_dataloader.state_dict(), os.path.join(partial, "data.pt"))
-        if self.trainer_mode != "sync":  # the episodes under way (verl re-issues them on resume)
-            tq.save_checkpoint(os.path.join(partial, QUEUE_DIR), metadata={"global_steps": self.global_steps})
-        shutil.rmtree(step_dir, ignore_errors=True)  # a stale one (e.g. a run restarted from an earlier step)
-        os.replace(partial, step_dir)
-        tracker = os.path.join(root, "latest_checkpointed_iteration.txt")
-        write_whole(tracker, str(self.global_steps))
-        self._remove_old_checkpoints(trainer.get("max_actor_ckpt_to_keep", None))
-        self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=step_dir, async_save=False)
-
-    def _remove_old_checkpoints(self, keep: int | None) -> None:
-        if not keep:
-            return
-        root = self.config.trainer.default_local_dir
-        steps = sorted(int(name.split("_")[-1]) for name in os.listdir(root) if re.fullmatch(r"global_step_\d+", name))
-        for step in steps[:-keep]:
-            shutil.rmtree(os.path.join(root, f"global_step_{step}"), ignore_errors=True)
-
-    def _load_checkpoint(self):
-        self.global_steps = 0
-        if not self.groups:
-            return  # called inside verl's _setup, before the other groups exist; _setup calls it again
-        step_dir = self._resume_folder()
-        if step_dir is None:
-            return
-        self.global_steps = int(step_dir.split("global_step_")[-1])
-        print(f"{self.mode}: resuming {sorted(self.groups)} from {step_dir} (step {self.global_steps})", flush=True)
-        for name, group in self.groups.items():
-            path = os.path.join(step_dir, POLICIES_DIR, name)
-            if len(self.groups) == 1 and not os.path.isdir(path):
-                path = os.path.join(step_dir, "actor")  # a one-policy checkpoint in verl's own layout
-            if not os.path.isdir(path):
-                raise FileNotFoundError(f"{path}: no checkpoint of group {name!r} in {step_dir} (was it added to {SECTION}.policies later?)")
-            group.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
-            if group.critic is not None:
-                path = os.path.join(step_dir, CRITICS_DIR, name)
-                if not os.path.isdir(path):
-                    raise FileNotFoundError(f"{path}: no critic of group {name!r} in {step_dir} (saved without one: train on from it "
-                                            "with the estimator it was saved with, or start a run of its own with critic.enable=true)")
-                group.critic.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
-        data = os.path.join(step_dir, "data.pt")
-        if os.path.exists(data):
-            self.train_dataloader.load_state_dict(torch.load(data, weights_only=False))
-        queue = os.path.join(step_dir, QUEUE_DIR)
-        if self.trainer_mode != "sync" and os.path.exists(queue):
-            # finished episodes come back as they were; those under way are played again from their
-            # prompts in fit() (verl's _reissue_inflight_prompts), none trained twice nor lost
-            tq.load_checkpoint(queue)
-            self._restored_tq_prompt_count = _count_tq_prompt_groups()
-            print(f"{self.mode}: {self._restored_tq_prompt_count} problems under way at step {self.global_steps} restored", flush=True)
-
-    def _resume_folder(self) -> str | None:
-        """The step folder to resume from (verl's resume_mode semantics), or None."""
-        trainer = self.config.trainer
-        if trainer.resume_mode == "disable":
-            return None
-        if trainer.resume_mode == "resume_path":
-            if "global_step_" not in str(trainer.resume_from_path):
-                raise ValueError(f"trainer.resume_from_path={trainer.resume_from_path!r}: name a global_step_N folder")
-            return os.path.abspath(trainer.resume_from_path)
-        if trainer.resume_mode != "auto":
-            raise ValueError(f"trainer.resume_mode={trainer.resume_mode!r}: use auto, resume_path or disable")
-        return find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))

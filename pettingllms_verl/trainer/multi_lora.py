@@ -31,7 +31,8 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.fsdp_utils import collect_lora_params, replace_lora_wrapper
 from verl.utils.model import convert_weight_keys
 
-from pettingllms_verl.config import EXPORT_DIR, adapter_table
+from pettingllms_verl.checkpoints import EXPORT_DIR
+from pettingllms_verl.config import adapter_table
 from pettingllms_verl.lora_names import adapter_of
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, SharedPrefixFSDPEngine, SharedPrefixTrainingWorker
 

@@ -24,7 +24,7 @@ def mas_run(artifacts):
     metrics and rows of steps 1-3, and the step of the last complete checkpoint at the kill
     (test_a_mas_run_killed_while_saving_resumes_from_the_last_complete_checkpoint resumes the run)."""
     from pettingllms_verl.eval.reproduce.training import finished_steps
-    from pettingllms_verl.trainer.mas_trainer import PARTIAL_SUFFIX
+    from pettingllms_verl.checkpoints import PARTIAL_SUFFIX
 
     from support.kill import kill_when
 

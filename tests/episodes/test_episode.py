@@ -252,7 +252,7 @@ def test_router_sends_each_request_to_its_policy_and_never_forwards_the_name():
 
 
 def test_an_advantage_group_spanning_two_policies_is_refused():
-    from pettingllms_verl.trainer.mas_trainer import check_groups_within_policies
+    from pettingllms_verl.trainer.batching import check_groups_within_policies
 
     check_groups_within_policies(["g1", "g1", "g2"], ["a", "a", "b"])
     with pytest.raises(AssertionError, match="spans policies 'a' and 'b'"):
@@ -282,7 +282,7 @@ def test_every_env_refuses_an_option_it_does_not_declare(name):
 
 
 def test_sandbox_runs_reach_the_metrics_per_role_and_status():
-    from pettingllms_verl.trainer.mas_trainer import episode_metrics
+    from pettingllms_verl.trainer.metrics import episode_metrics
 
     def row(role, runs):
         return {"mas_role": role, "mas_local_reward": 0.0, "mas_parse_ok": True, "mas_sandbox_runs": runs}

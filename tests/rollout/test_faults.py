@@ -16,7 +16,7 @@ from pettingllms_verl.envs.plan_path.env import PlanPathEnv
 from pettingllms_verl.rollout import agent_loop
 from pettingllms_verl.episodes.tags import ERRORS
 from pettingllms_verl.rollout.faults import FaultTally, RunStopped
-from pettingllms_verl.trainer.mas_trainer import episode_metrics
+from pettingllms_verl.trainer.metrics import episode_metrics
 
 from support.episodes import K, ReplyingServer, ScriptedServer, play_env
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pettingllms_verl.trainer.mas_trainer import explained_variance
+from pettingllms_verl.trainer.metrics import explained_variance
 
 
 def test_explained_variance_is_verls_formula_over_the_masked_response_tokens():

@@ -1,9 +1,9 @@
 """No optimizer step made mostly of padding: the trainer spreads verl's padding rows over the
-mini-batches of an update (``mas_trainer.spread_padding``)."""
+mini-batches of an update (``trainer/batching.py:spread_padding``)."""
 
 import pytest
 
-from pettingllms_verl.trainer.mas_trainer import spread_padding
+from pettingllms_verl.trainer.batching import spread_padding
 
 
 def steps(order, is_padding, ranks, mini_batches):

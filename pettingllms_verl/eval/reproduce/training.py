@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 
+from pettingllms_verl.checkpoints import TRACKER, step_folder
 from pettingllms_verl.eval import evaluate
 from pettingllms_verl.eval import archive, runs
 from pettingllms_verl.rollout import faults
@@ -25,7 +26,7 @@ from pettingllms_verl.eval.reproduce.methods import METHODS, ReproduceError, Tra
 def finished_steps(checkpoints: Path) -> int:
     """The last step a run saved whole (verl writes this file last), 0 when none."""
     try:
-        return int((checkpoints / "latest_checkpointed_iteration.txt").read_text().strip())
+        return int((checkpoints / TRACKER).read_text().strip())
     except (FileNotFoundError, ValueError):
         return 0
 
@@ -64,7 +65,7 @@ def check_saved(checkpoints: Path, steps: int, reasons: list[str]) -> int:
     done = 0 if reasons else finished_steps(checkpoints)
     if done > steps:
         raise ReproduceError(f"{checkpoints} holds {done} steps, more than --steps {steps}: use another --out, or delete that folder")
-    last = checkpoints / f"global_step_{done}"
+    last = Path(step_folder(checkpoints, done))
     if 0 < done < steps and (not last.is_dir() or runs.adapters_only(str(last))):
         raise ReproduceError(f"{checkpoints} holds {done} steps without verl's checkpoint of step {done} (restored from --archive: "
                              f"adapters alone), which cannot be trained on to --steps {steps}: use another --out, or delete that folder")
@@ -250,7 +251,7 @@ def train_all(steps: int, args: argparse.Namespace, out: Path, warm: dict, setti
 def last_step(checkpoints: Path, steps: int) -> Path | None:
     """A finished run's last step, to be played beside its best step on val; None when that is its best
     step (one evaluation stands for both) or when it is not kept (a run restored from --archive)."""
-    last = checkpoints / f"global_step_{steps}"
+    last = Path(step_folder(checkpoints, steps))
     try:
         best = Path(runs.resolve_checkpoint(str(checkpoints), "best-val"))
     except runs.EvalError:

@@ -1,0 +1,46 @@
+"""A run's checkpoint folder: how the trainer writes it and how evaluation, the reproduction and the
+archive read it. One layout, named here::
+
+    <trainer.default_local_dir>/
+        latest_checkpointed_iteration.txt   TRACKER: the last complete step (verl's tracker file)
+        global_step_N/                      a step, written as global_step_N.partial and renamed once whole
+            policies/<group>/               POLICIES_DIR: verl's checkpoint of each worker group
+                lora_adapters/<name>/       EXPORT_DIR: the adapter group's adapters, each in peft format
+            critics/<group>/                CRITICS_DIR: the value model of each group that has one (gae)
+            data.pt                         DATA_STATE: the training dataloader's position
+            val_metrics.json                VAL_METRICS: the validation of this step's weights
+            transfer_queue/                 QUEUE_DIR: an asynchronous run's episodes under way (verl's layout)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+STEP_PREFIX = "global_step_"
+STEP_FOLDER = re.compile(rf"{STEP_PREFIX}(\d+)$")  # a step folder's name (not a .partial one)
+PARTIAL_SUFFIX = ".partial"
+TRACKER = "latest_checkpointed_iteration.txt"
+POLICIES_DIR = "policies"
+EXPORT_DIR = "lora_adapters"
+CRITICS_DIR = "critics"
+DATA_STATE = "data.pt"
+VAL_METRICS = "val_metrics.json"
+QUEUE_DIR = "transfer_queue"
+
+
+def step_folder(root: str | os.PathLike, step: int) -> str:
+    """``root/global_step_<step>``."""
+    return os.path.join(os.fspath(root), f"{STEP_PREFIX}{step}")
+
+
+def step_of(path: str | os.PathLike) -> int | None:
+    """The step a ``global_step_N`` folder holds (None: not a step folder)."""
+    found = STEP_FOLDER.search(os.fspath(path).rstrip(os.sep))
+    return int(found.group(1)) if found else None
+
+
+def steps_in(root: str | os.PathLike) -> list[int]:
+    """The steps saved whole in a run's checkpoint folder, in order."""
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return sorted(step for name in names if (step := step_of(name)) is not None)
