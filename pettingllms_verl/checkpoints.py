@@ -18,7 +18,7 @@ import os
 import re
 
 STEP_PREFIX = "global_step_"
-STEP_FOLDER = re.compile(rf"{STEP_PREFIX}(\d+)$")  # a step folder's name (not a .partial one)
+STEP_FOLDER = re.compile(rf"{STEP_PREFIX}(\d+)")  # a step folder's whole name (not a .partial one)
 PARTIAL_SUFFIX = ".partial"
 TRACKER = "latest_checkpointed_iteration.txt"
 POLICIES_DIR = "policies"
@@ -36,7 +36,7 @@ def step_folder(root: str | os.PathLike, step: int) -> str:
 
 def step_of(path: str | os.PathLike) -> int | None:
     """The step a ``global_step_N`` folder holds (None: not a step folder)."""
-    found = STEP_FOLDER.search(os.fspath(path).rstrip(os.sep))
+    found = STEP_FOLDER.fullmatch(os.path.basename(os.fspath(path).rstrip(os.sep)))
     return int(found.group(1)) if found else None
 
 

@@ -66,30 +66,52 @@ def tiny_vl_model_dir(tmp_path_factory) -> str:
     return build(str(tmp_path_factory.mktemp("tiny_vl_model")), seed=0)
 
 
+WARM_CACHE = "PETTINGLLMS_TEST_CACHE"  # where warm-started test models are kept between test runs
+
+
+def warm_models_source() -> str:
+    """sha256 of what a warm start is made from (the models' and the environments' source): a kept
+    warm start is used only when it was made from the same."""
+    import hashlib
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "pettingllms_verl"
+    digest = hashlib.sha256()
+    for path in sorted([*(package / "models").rglob("*.py"), *(package / "envs").rglob("*.py")]):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 @pytest.fixture(scope="session")
-def warm_model(tmp_path_factory, worker_id):
+def warm_model():
     """(env name, folder, vision=False) -> the folder, holding a copy of the tiny model (with
     ``vision``, the tiny vision-language model: models/tiny_vl.py) warm-started on that env (seed 0).
-    Each model is trained once per test run, shared by the xdist workers under a file lock: the code
-    warm start alone takes ~3.5 min on 2 cores, and three test files use them."""
+    Each model is trained once and kept in ``$PETTINGLLMS_TEST_CACHE`` (default ``.cache/tests`` in the
+    repository) under the sha256 of its source, shared by the xdist workers under a file lock and by
+    later test runs (the vLLM tier, after the main tier): the code warm start alone takes ~3.5 min on 2 cores."""
     import shutil
+    from pathlib import Path
 
     from filelock import FileLock
 
     from pettingllms_verl.models import tiny, tiny_vl
 
-    run_dir = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        run_dir = run_dir.parent  # the run's folder, above each worker's own
+    cache = Path(os.environ.get(WARM_CACHE) or Path(__file__).resolve().parents[1] / ".cache" / "tests")
+    cache.mkdir(parents=True, exist_ok=True)
+    source = warm_models_source()
 
     def copy(env: str, dest, vision: bool = False):
-        done = run_dir / f"warm_tiny_{'vl_' if vision else ''}model_{env}"
+        kind = f"warm_tiny_{'vl_' if vision else ''}model_{env}"
+        done = cache / f"{kind}_{source}"
         with FileLock(f"{done}.lock"):
             if not done.exists():
+                for stale in cache.glob(f"{kind}_*"):  # made from other source: never used again
+                    if stale.is_dir() and stale.name.removeprefix(f"{kind}_").isalnum():
+                        shutil.rmtree(stale, ignore_errors=True)
                 partial = done.with_name(done.name + ".partial")  # renamed once whole: a crash leaves no half model
                 shutil.rmtree(partial, ignore_errors=True)
-                kind = tiny_vl if vision else tiny
-                kind.warm_start(kind.build(str(partial), seed=0), env, seed=0)
+                model = tiny_vl if vision else tiny
+                model.warm_start(model.build(str(partial), seed=0), env, seed=0)
                 partial.rename(done)
         shutil.copytree(done, dest)
         return dest

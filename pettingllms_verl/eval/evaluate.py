@@ -137,6 +137,9 @@ def build_runs(args: argparse.Namespace) -> list[Run]:
         load(cfg.get(SECTION))  # a bad pettingllms section names its key here, not after Ray started
         if args.samples > 1:
             runs.check_sampling(cfg, f"--samples {args.samples}: run {label}")
+            if int(cfg.actor_rollout_ref.rollout.val_kwargs.n) != args.samples:
+                raise EvalError(f"--samples {args.samples} and --set actor_rollout_ref.rollout.val_kwargs.n="
+                                f"{cfg.actor_rollout_ref.rollout.val_kwargs.n} disagree: give the episodes per problem once, with --samples")
         for group, model in runs.policy_models(cfg).items():
             runs.check_model(model, f"run {label}, policy {group}")
         step_dir = runs.resolve_checkpoint(checkpoint, args.select) if checkpoint else None

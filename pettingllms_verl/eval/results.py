@@ -83,7 +83,7 @@ def problem_outcomes(records: list[dict]) -> dict[tuple[str, int], list[bool]]:
 
 
 def sampled(records: list[dict], ks: Sequence[int]) -> dict:
-    """What n episodes per problem say: ``samples`` (the fewest any problem has), ``avg`` (avg@n: the
+    """What n episodes per problem say: ``samples`` (n: the most any problem has), ``avg`` (avg@n: the
     mean over problems of each one's solved share, the estimate of mean@1 from n samples; ``avg_se``
     its standard error over problems, as a problem's n episodes are not independent) and per k,
     pass@k averaged over problems with its standard error over problems. A problem with fewer than k
@@ -91,7 +91,7 @@ def sampled(records: list[dict], ks: Sequence[int]) -> dict:
     outcomes = problem_outcomes(records)
     counts = [len(wins) for wins in outcomes.values()]
     shares = [float(np.mean(wins)) for wins in outcomes.values()]
-    result = {"samples": min(counts, default=0), "problems": len(outcomes), "avg": float(np.mean(shares)) if shares else 0.0,
+    result = {"samples": max(counts, default=0), "problems": len(outcomes), "avg": float(np.mean(shares)) if shares else 0.0,
               "avg_se": float(np.std(shares, ddof=1) / math.sqrt(len(shares))) if len(shares) > 1 else 0.0, "pass": {}}
     for k in ks:
         values = [pass_at_k(len(wins), sum(wins), k) for wins in outcomes.values() if len(wins) >= k]

@@ -18,7 +18,7 @@ import html
 import json
 import os
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from pettingllms_verl.envs.images import PNG_DATA_URI
 from pettingllms_verl.eval.results import LogError, read_jsonl, sampled
@@ -135,27 +135,36 @@ def problem_key(record: dict) -> tuple:
     return record.get("run"), bool(record.get("swapped")), str(record.get("env")), record.get("seed")
 
 
+def evaluated(record: dict) -> bool:
+    """An evaluation's episode (``pettingllms-eval``'s episodes.jsonl names its run): not a training
+    log's, whose episodes of one seed are a step's rollout.n samples and later steps' again."""
+    return bool(record.get("validate")) and record.get("run") is not None
+
+
 def sample_notes(records: list[dict]) -> tuple[list[str], str]:
     """Where a problem was played several times (``pettingllms-eval --samples``): per episode, which of
     its problem's samples it is and how many of them were solved; and the page's line of avg@n and
     pass@k (``results.sampled``, per run and pass). Empty where every problem was played once."""
     by_problem: dict[tuple, list[dict]] = defaultdict(list)
-    for record in records:
+    for record in filter(evaluated, records):
         by_problem[problem_key(record)].append(record)
     if all(len(group) == 1 for group in by_problem.values()):
         return [""] * len(records), ""
-    notes = []
+    notes, seen = [], Counter()
     for record in records:
-        group = by_problem[problem_key(record)]
-        solved = sum(bool(r.get("success")) for r in group)
-        notes.append(f" · sample {group.index(record) + 1} of {len(group)} of this problem, {solved} solved")
+        if not evaluated(record):
+            notes.append("")
+            continue
+        key = problem_key(record)
+        group, seen[key] = by_problem[key], seen[key] + 1
+        notes.append(f" · sample {seen[key]} of {len(group)} of this problem, {sum(bool(r.get('success')) for r in group)} solved")
     passes: dict[tuple, list[dict]] = defaultdict(list)
-    for record in records:
+    for record in filter(evaluated, records):
         passes[(record.get("run"), bool(record.get("swapped")))].append(record)
     lines = []
     for (run, swapped), part in passes.items():
-        counts = sorted({len(by_problem[problem_key(r)]) for r in part})
-        got = sampled(part, [1, counts[0]] if counts[0] > 1 else [1])
+        n = max(len(by_problem[problem_key(r)]) for r in part)
+        got = sampled(part, sorted({1, n}))
         estimates = ", ".join(f"pass@{k} {v['value']:.3f}" for k, v in got["pass"].items() if v["value"] is not None)
         lines.append(f"{esc(run or 'episodes')}{' swapped' if swapped else ''}: {got['problems']} problems, "
                      f"{got['samples']} samples each, avg@{got['samples']} {got['avg']:.3f}, {estimates}")

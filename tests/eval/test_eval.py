@@ -173,7 +173,7 @@ def test_samples_per_problem_give_avg_at_n_and_pass_at_k_over_problems_on_a_fixe
     records = [episode(seed, won, []) for seed, outcomes in wins.items() for won in outcomes]
     summary = results.summarize(records, [1, 2, 4])
     got = summary["sampled"]
-    assert (got["samples"], got["problems"]) == (2, 4)
+    assert (got["samples"], got["problems"]) == (4, 4)  # n: what was asked; a problem short of it is counted below
     assert got["avg"] == pytest.approx((0.25 + 0.5 + 0 + 0.5) / 4)
     assert got["avg_se"] == pytest.approx(((0.0625 ** 2 + 0.1875 ** 2 + 0.3125 ** 2 + 0.1875 ** 2) / 3) ** 0.5 / 2)
     assert got["pass"]["1"]["value"] == pytest.approx(got["avg"])  # pass@1 from n samples is avg@n
@@ -185,7 +185,7 @@ def test_samples_per_problem_give_avg_at_n_and_pass_at_k_over_problems_on_a_fixe
     assert "sampled" not in results.summarize(records)  # one episode per problem: no pass@k asked
     row = {"label": "l2", "method": "MAS", "step": 3, "env": "plan_path", **summary, "swapped": False}
     table = results.markdown([row], "test")
-    assert "| success | pass@1 | pass@2 | pass@4 | faults |" in table and f"| {len(records)} (4 × 2) | 0.312 ± 0." in table
+    assert "| success | pass@1 | pass@2 | pass@4 | faults |" in table and f"| {len(records)} (4 × 4) | 0.312 ± 0." in table
     assert f"| {mean2:.3f} ± " in table and "| 0.667 ± 0.333 (1 problems short) |" in table and "success is avg@n" in table
 
 
@@ -202,6 +202,9 @@ def test_samples_and_pass_k_are_checked_before_anything_runs(env, capsys):
     err = error_of(capsys, RECIPE, "--samples", "3")
     assert "--samples 3: run plan_path_mas_full_cpu validates greedily (actor_rollout_ref.rollout.val_kwargs.temperature=0.0" in err
     assert "--set actor_rollout_ref.rollout.val_kwargs.temperature=1.0" in err
+    err = error_of(capsys, RECIPE, "--samples", "3", "--set", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+                   "--set", "actor_rollout_ref.rollout.val_kwargs.n=2")
+    assert "--samples 3 and --set actor_rollout_ref.rollout.val_kwargs.n=2 disagree" in err
     # sampled: every episode of a problem played in one validation batch, n of them (the progress bar counts them all)
     args = parse_args([RECIPE, "--samples", "3", "--set", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"])
     (run,) = build_runs(args)

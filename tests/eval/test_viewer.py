@@ -183,9 +183,12 @@ def test_viewer_refuses_missing_and_empty_logs(tmp_path, capsys):
 def test_samples_of_one_problem_are_counted_on_each_episode_and_their_pass_at_k_heads_the_page():
     """``pettingllms-eval --samples 3``: each episode says which sample of its problem it is, and the page
     gives avg@n and pass@k per run, over every episode even where ``--limit`` shows fewer."""
-    records = [{"env": "plan_path", "seed": seed, "success": won, "run": "l2", "samples": []}
+    records = [{"env": "plan_path", "seed": seed, "success": won, "run": "l2", "validate": True, "samples": []}
                for seed, wins in ((1, (True, False, False)), (2, (False, False, False))) for won in wins]
-    text = viewer.page(records, limit=2)
-    assert text.count('class="episode"') == 2 and "sample 2 of 3 of this problem, 1 solved" in text
+    text = viewer.page(records, limit=5)
+    assert text.count('class="episode"') == 5 and "sample 2 of 3 of this problem, 1 solved" in text
+    assert [text.count(f"sample {i} of 3 of this problem, 0 solved") for i in (1, 2, 3)] == [1, 1, 0]  # alike records numbered apart
     assert "l2: 2 problems, 3 samples each, avg@3 0.167, pass@1 0.167, pass@3 0.500" in text
     assert "samples each" not in viewer.page(records[::3])  # one episode per problem: nothing to count
+    training = [{k: v for k, v in r.items() if k != "run"} for r in records]  # a training log: a step's rollout.n samples
+    assert "samples each" not in viewer.page(training) and "of this problem" not in viewer.page(training)
