@@ -13,6 +13,8 @@ section is parsed once, here, and handed to every check that reads it.
 
 from __future__ import annotations
 
+import functools
+
 import sys
 from typing import Any
 
@@ -46,19 +48,20 @@ def check(config: DictConfig) -> None:
     if select(config, "pettingllms") is not None:
         _check_trainer_mode(config)
         settings = parse(config)
-        _check_policies(config, settings)
+    views = functools.cache(functools.partial(policy_views, config, settings))  # each worker group's config, built once when first read
+    if settings is not None:
+        _check_policies(config, settings, views)
     for key, names in _registered_names().items():
         _check_registered(config, key, names)
     _check_agreement(config, settings)
-    views = policy_views(config, settings)  # each worker group's config, built once for the checks below
     if settings is not None:
-        _check_one_temperature(config, select(config, "trainer.v1.trainer_mode") in TRAINER_MODES, views, settings)
-    _check_vllm(config, views, settings)
-    _check_megatron(config, views)
-    _check_attention(config, views)
+        _check_one_temperature(config, select(config, "trainer.v1.trainer_mode") in TRAINER_MODES, views(), settings)
+    _check_vllm(config, views(), settings)
+    _check_megatron(config, views())
+    _check_attention(config, views())
     _check_null_reward(config)
     _check_hf_rollout(config)
-    check_memory(config, memory.system_memory(), settings)
+    check_memory(config, memory.system_memory(), settings, views())
     _check_cluster(config)
     _check_gpu_slots(config, settings)
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from pettingllms_verl.config import TRAINER_MODES
 from pettingllms_verl.preflight.code import _check_program, _check_sandbox, _check_user_code
-from pettingllms_verl.preflight.common import ConfigError, policy_views, select, settings_error, where
+from pettingllms_verl.preflight.common import ConfigError, select, settings_error, where
 from pettingllms_verl.preflight.paths import _check_model_path, _train_env
 from pettingllms_verl.preflight.training import GROUPLESS
 
-def _check_policies(config: DictConfig, settings: Any) -> None:
-    """The ``pettingllms`` section: schema, policies (models, tokenizers, pools), roles vs the env."""
+def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[tuple[str | None, DictConfig]]]) -> None:
+    """The ``pettingllms`` section: schema, policies (models, tokenizers, pools), roles vs the env.
+    ``views``: each worker group's config (``common.policy_views``), built when first called."""
     from pettingllms_verl import envs
     from pettingllms_verl.config import ADAPTER_GROUP, SECTION, SettingsError
     from pettingllms_verl.targets import TargetError
@@ -47,7 +49,7 @@ def _check_policies(config: DictConfig, settings: Any) -> None:
                 _check_sandbox(env_name)
             settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
             if getattr(env, "image_roles", None):
-                _check_image_roles(config, settings, sorted(env.image_roles))
+                _check_image_roles(config, settings, sorted(env.image_roles), views())
     except SettingsError as error:
         raise settings_error(error) from None
     main_model = select(config, "actor_rollout_ref.model.path")
@@ -85,7 +87,7 @@ def _check_policies(config: DictConfig, settings: Any) -> None:
                           f"set trainer.v1.trainer_mode to one of {', '.join(TRAINER_MODES)}")
 
 
-def _check_image_roles(config: DictConfig, settings: Any, roles: list[str]) -> None:
+def _check_image_roles(config: DictConfig, settings: Any, roles: list[str], views: list[tuple[str | None, DictConfig]]) -> None:
     """Roles shown images (the env option image_roles) need a vision-language model with its processor."""
     from transformers import AutoConfig, AutoProcessor
 
@@ -128,7 +130,7 @@ def _check_image_roles(config: DictConfig, settings: Any, roles: list[str]) -> N
         if getattr(processor, "image_processor", None) is None:
             raise ConfigError(key, f"role {role}'s model {path} has no image processor{why}",
                               "save the model's processor in its folder (processor.save_pretrained), as the model's hub folder has it")
-    for group, view in policy_views(config, settings):
+    for group, view in views:
         if select(view, "actor_rollout_ref.actor.use_prefix_grouper"):
             grouper = where(config, group, "actor.use_prefix_grouper")
             raise ConfigError(grouper, f"with image roles {roles}: the shared-prefix forward packs text rows only "

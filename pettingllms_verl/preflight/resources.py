@@ -67,10 +67,11 @@ def _check_cluster(config: DictConfig) -> None:
             )
 
 
-def estimate_memory(config: DictConfig, settings: Any = ...) -> memory.Estimate | None:
+def estimate_memory(config: DictConfig, settings: Any = ..., views: list[tuple[str | None, DictConfig]] | None = None) -> memory.Estimate | None:
     """On CPU with the hf rollout, the run's peak memory (``memory.py``): per worker group, its
     replicas' servers at their busiest and its policy's copies, and the processes. None elsewhere
-    (a GPU, vLLM's own KV cache, a model not readable here)."""
+    (a GPU, vLLM's own KV cache, a model not readable here). ``views``: each worker group's config, where
+    the caller built them (``common.policy_views``)."""
     from pettingllms_verl.config import ADAPTER_GROUP
 
     if select(config, "trainer.device") != "cpu" or joins_cluster(config) or _gpu_visible():
@@ -80,7 +81,7 @@ def estimate_memory(config: DictConfig, settings: Any = ...) -> memory.Estimate 
     per_node, nodes = int(select(config, "trainer.n_gpus_per_node") or 1), int(select(config, "trainer.nnodes") or 1)
     episodes = _episodes_at_once(config, settings)
     fixed, per_row, rows, processes = 0, 0, 1, memory.FIXED_PROCESSES
-    for group, view in policy_views(config, settings):
+    for group, view in views if views is not None else policy_views(config, settings):
         rollout = view.actor_rollout_ref.rollout
         if rollout.name != "hf":
             return None  # vLLM sizes its own KV cache (VLLM_CPU_KVCACHE_SPACE)
@@ -106,10 +107,10 @@ def estimate_memory(config: DictConfig, settings: Any = ...) -> memory.Estimate 
     return memory.Estimate(fixed + processes * memory.PROCESS_BYTES, per_row, rows, prompt, reply)
 
 
-def check_memory(config: DictConfig, machine: int, settings: Any = ...) -> None:
+def check_memory(config: DictConfig, machine: int, settings: Any = ..., views: list[tuple[str | None, DictConfig]] | None = None) -> None:
     """``estimate_memory`` against ``machine`` bytes: a setting that cannot fit is refused here,
     not killed by Ray's memory monitor mid-run."""
-    estimate = estimate_memory(config, settings)
+    estimate = estimate_memory(config, settings, views)
     if estimate is None:
         return
     usable = memory.usable(machine)
