@@ -150,14 +150,15 @@ def sample_notes(records: list[dict]) -> tuple[list[str], str]:
         by_problem[problem_key(record)].append(record)
     if all(len(group) == 1 for group in by_problem.values()):
         return [""] * len(records), ""
+    solved = {key: sum(bool(r.get("success")) for r in group) for key, group in by_problem.items()}
     notes, seen = [], Counter()
     for record in records:
         if not evaluated(record):
             notes.append("")
             continue
         key = problem_key(record)
-        group, seen[key] = by_problem[key], seen[key] + 1
-        notes.append(f" · sample {seen[key]} of {len(group)} of this problem, {sum(bool(r.get('success')) for r in group)} solved")
+        seen[key] += 1
+        notes.append(f" · sample {seen[key]} of {len(by_problem[key])} of this problem, {solved[key]} solved")
     passes: dict[tuple, list[dict]] = defaultdict(list)
     for record in filter(evaluated, records):
         passes[(record.get("run"), bool(record.get("swapped")))].append(record)
