@@ -49,7 +49,7 @@ async def timed_calls(task, client):
     return 1.0
 
 
-def render(messages, tools=None) -> list[int]:
+def render(agent, messages, tools=None) -> list[int]:
     return [len(m["content"]) for m in messages]
 
 

@@ -233,6 +233,8 @@ class PettingLLMsConfig:
     policies: dict[str, PolicyConfig] = key("name -> policy (a name: letters, digits, _ and -; it names the checkpoint folder and metrics); empty: one policy "
                                             "\"shared\"", factory=dict)
     swap_policies: list[str] | None = key("two policy names: validation also runs with each one's roles served by the other (metrics under swap/)")
+    swap_across_families: bool = key("allow swap_policies between two policies of different model families (each then plays the other's role in "
+                                      "its own chat template)", False)
     paths: PathsConfig = key("where models, data, checkpoints and logs go", factory=PathsConfig)
     trainer: TrainerConfig = key("knobs of the mas_sync trainer", factory=TrainerConfig)
     program: ProgramConfig = key("a team program in place of the rows' environment (its agents: the roles)", factory=ProgramConfig)

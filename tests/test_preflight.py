@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
+from pettingllms_verl.config import load
 from pettingllms_verl.preflight import ConfigError, check
+from pettingllms_verl.preflight.policies import _check_families
 
 from support import RECIPES, SUPPORT
 from support.configs import config, mas_config, two_adapters, two_policies
@@ -186,16 +188,31 @@ def test_bad_policy_config_names_the_key(tmp_path, plan_path_rows, overrides, ke
     assert error.value.key == key and problem in str(error.value), str(error.value)
 
 
-def test_policies_with_another_tokenizer_are_refused(tmp_path, plan_path_rows, tiny_model_dir):
+def test_policies_of_two_model_families_pass_and_what_cannot_mix_is_refused_naming_the_key(tmp_path, plan_path_rows, tiny_model_dir):
+    """A policy of another tokenizer family (L2) renders its own roles; what verl would read with the
+    first policy's tokenizer (its generation logs and dumps), a swap across families unless asked,
+    and an image role on the other family are refused."""
     from pettingllms_verl.models.tiny import build
 
-    other = build(str(tmp_path / "other_tokenizer"), seed=1)  # another seed: another BPE vocabulary
-    same = {"pettingllms.policies.b.overrides.model.path": tiny_model_dir, "actor_rollout_ref.model.path": tiny_model_dir}
-    check(two_policies(tmp_path, plan_path_rows, **same))
-    with pytest.raises(ConfigError, match="has another tokenizer") as error:
-        check(two_policies(tmp_path, plan_path_rows, **{**same, "pettingllms.policies.b.overrides.model.path": other}))
-    assert error.value.key == "pettingllms.policies.b.overrides.model.path"
-
+    other = build(str(tmp_path / "bracket"), seed=0, family="bracket")
+    mixed = {"actor_rollout_ref.model.path": tiny_model_dir, "pettingllms.policies.b.overrides.model.path": other}
+    check(two_policies(tmp_path, plan_path_rows, **mixed))
+    for key, value, problem in [
+        ("trainer.log_val_generations", 2, "verl decodes the logged generations with the first policy's tokenizer, and policies ['b'] have another"),
+        ("trainer.rollout_data_dir", str(tmp_path / "rows"), "verl writes every row decoded by the first policy's tokenizer"),
+        ("pettingllms.swap_policies", "[a,b]", "a and b are of two model families"),
+    ]:
+        with pytest.raises(ConfigError) as error:
+            check(two_policies(tmp_path, plan_path_rows, **{**mixed, key: value}))
+        assert error.value.key == key and problem in str(error.value), str(error.value)
+    check(two_policies(tmp_path, plan_path_rows, **{**mixed, "pettingllms.swap_policies": "[a,b]", "pettingllms.swap_across_families": "true"}))
+    same = {**mixed, "pettingllms.policies.b.overrides.model.path": tiny_model_dir, "pettingllms.swap_policies": "[a,b]"}
+    check(two_policies(tmp_path, plan_path_rows, **same))  # one family: swapped as ever
+    # a role shown images on the other family (its model then a vision-language one): verl's worker has one processor
+    config = two_policies(tmp_path, plan_path_rows, **{**mixed, "pettingllms.env_kwargs.image_roles": "[plan]"})
+    with pytest.raises(ConfigError, match=r"roles \['plan'\] are shown images, .* with the first policy's processor") as error:
+        _check_families(config, load(config.pettingllms), {"a": tiny_model_dir, "b": other})
+    assert error.value.key == "pettingllms.env_kwargs.image_roles"
 
 
 def test_a_misspelt_env_option_is_refused_naming_the_options(tmp_path, plan_path_rows):

@@ -36,8 +36,9 @@ from pettingllms_verl.envs.text import Messages
 # (role, prompt ids, n) -> n (token ids, log-probs) replies, sampled independently; a prompt with
 # images (PIL, in the order of its image tokens) is also given them, as the keyword images
 Generate = Callable[..., Awaitable[list[tuple[list[int], list[float]]]]]
-Render = Callable[[Messages], list[int]]
-Decode = Callable[[list[int]], str]
+# a role's messages -> prompt ids, and a role's reply ids -> text, each in the role's policy's tokens
+Render = Callable[[str, Messages], list[int]]
+Decode = Callable[[str, list[int]], str]
 # A user's reward for one role's reply (``pettingllms.roles.<role>.reward``), called with keywords
 # role, reply (the decoded text), result (the env's StepResult) and env (the branch after the step);
 # the K branches of a node call it at once, from K threads: it must be thread-safe
@@ -210,7 +211,7 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
                 raise _Ended("env_error", error) from error
             images = message_images(messages) or None  # a role shown the state as an image (envs/images.py)
             try:
-                prompt_ids = render(messages)
+                prompt_ids = render(role, messages)
             except PromptTooLong as error:
                 raise _Ended("prompt_overflow", error) from error
             except Exception as error:  # the chat template or processor refuses these messages: this episode's fault
@@ -229,7 +230,7 @@ async def _play(episode: Episode, env: Env, turn_order, max_turns, k, alpha, gen
             started = time.perf_counter()
             try:
                 clones = [env.clone() for _ in range(k)]
-                results = await _step_all(clones, role, [decode(ids) for ids, _ in replies], rewards.get(role))
+                results = await _step_all(clones, role, [decode(role, ids) for ids, _ in replies], rewards.get(role))
                 # a plain episode credits the outcome it met instead (credit_final_rewards)
                 values = [branch_value(clone, role, result) for clone, result in zip(clones, results)] if k > 1 else [None] * k
             except Exception as error:

@@ -19,6 +19,7 @@ import os
 import random
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
@@ -27,6 +28,31 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# A second model family for mixed teams (docs/policies.md): other special tokens, another template and
+# vocabulary, so that no token id means the same in both. Role tags are plain text here, as in Llama 2.
+BRACKET_TEMPLATE = (
+    "{{ '<s>' }}{% for message in messages %}"
+    "{{ '[' + message['role'] | upper + '] ' + message['content'] + '</s>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '[ASSISTANT] ' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A tokenizer family: its special tokens, what ends a reply, what pads, and its chat template."""
+
+    special: tuple[str, ...]
+    eos: str
+    pad: str
+    template: str
+    vocab_size: int  # the default BPE vocabulary (incl. 256 bytes)
+
+
+FAMILIES = {
+    "chatml": Family(tuple(SPECIAL_TOKENS), "<|im_end|>", "<|endoftext|>", CHATML_TEMPLATE, 1024),
+    "bracket": Family(("</s>", "<pad>", "<s>"), "</s>", "<pad>", BRACKET_TEMPLATE, 768),
+}
 DEFAULT_CONFIG = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                       intermediate_size=256, max_position_embeddings=4096)
 
@@ -56,40 +82,44 @@ def corpus(seed: int, episodes_per_env: int = 20) -> list[str]:
     return texts
 
 
-def build_tokenizer(seed: int, vocab_size: int):
+def build_tokenizer(seed: int, vocab_size: int, family: str = "chatml"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    spec = FAMILIES[family]
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(spec.special),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus(seed), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=spec.eos,
+        pad_token=spec.pad,
         bos_token=None,
-        chat_template=CHATML_TEMPLATE,
+        chat_template=spec.template,
         model_max_length=DEFAULT_CONFIG["max_position_embeddings"],
     )
 
 
-def build(out_dir: str, seed: int = 0, vocab_size: int = 1024, **config_overrides) -> str:
-    """Write tokenizer + model to ``out_dir``; returns ``out_dir``."""
+def build(out_dir: str, seed: int = 0, vocab_size: int | None = None, family: str = "chatml", **config_overrides) -> str:
+    """Write tokenizer + model to ``out_dir``; returns ``out_dir``. ``family``: a key of ``FAMILIES``
+    (its default vocabulary size unless ``vocab_size`` is given)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = build_tokenizer(seed, vocab_size)
+    if family not in FAMILIES:
+        raise ValueError(f"tiny model: no tokenizer family {family!r}; known: {sorted(FAMILIES)}")
+    tokenizer = build_tokenizer(seed, vocab_size or FAMILIES[family].vocab_size, family)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
         torch_dtype="float32",
@@ -100,14 +130,14 @@ def build(out_dir: str, seed: int = 0, vocab_size: int = 1024, **config_override
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
-        eos_token_id=[config.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")],
+        eos_token_id=[config.eos_token_id, tokenizer.pad_token_id],
         pad_token_id=tokenizer.pad_token_id,
     )
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "tiny_model.json"), "w") as f:
-        json.dump({"seed": seed, "vocab_size": len(tokenizer), "parameters": model.num_parameters()}, f)
+        json.dump({"seed": seed, "family": family, "vocab_size": len(tokenizer), "parameters": model.num_parameters()}, f)
     return out_dir
 
 
@@ -223,11 +253,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="directory to write the model and tokenizer to")
     parser.add_argument("--seed", type=int, default=0, help="seed of tokenizer corpus and weights")
-    parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size (incl. 256 bytes)")
+    parser.add_argument("--vocab-size", type=int, help="BPE vocabulary size (incl. 256 bytes; default: the family's)")
+    parser.add_argument("--family", default="chatml", choices=sorted(FAMILIES), help="tokenizer family: special tokens, chat template, vocabulary")
     parser.add_argument("--config", default="{}", help='model config overrides as JSON, e.g. \'{"num_hidden_layers": 4}\'')
     parser.add_argument("--warm-start", metavar="ENV", help=f"then fine-tune on well-formed replies of ENV ({', '.join(WARM_REPLIES)})")
     args = parser.parse_args(argv)
-    build(args.out, seed=args.seed, vocab_size=args.vocab_size, **json.loads(args.config))
+    build(args.out, seed=args.seed, vocab_size=args.vocab_size, family=args.family, **json.loads(args.config))
     if args.warm_start:
         warm_start(args.out, args.warm_start, seed=args.seed)
     print(f"tiny model written to {args.out}", file=sys.stderr)

@@ -53,22 +53,16 @@ def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[
     except SettingsError as error:
         raise settings_error(error) from None
     main_model = select(config, "actor_rollout_ref.model.path")
-    main_vocab = None  # loaded once, on the first policy with a model of its own
     for name, policy in table.items():
         key = f"{SECTION}.policies.{name}"
         path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path")
         if path is not None:
             _check_model_path(f"{key}.overrides.model.path", path)
-            main_vocab = main_vocab or _tokenizer_vocab(main_model)
-            ours = _tokenizer_vocab(path)
-            if ours is not None and main_vocab is not None and not _renders_for(main_vocab, ours):
-                raise ConfigError(
-                    f"{key}.overrides.model.path", f"{path} has another tokenizer than actor_rollout_ref.model.path={main_model}",
-                    "every policy of a run must share one tokenizer (e.g. Qwen3-1.7B with Qwen3-8B); a text-only policy beside "
-                    "a vision-language one may lack its image tokens, with the vision-language model as actor_rollout_ref.model.path",
-                )
         if policy.pool == "own" and (policy.n_gpus_per_node == 0 or policy.nnodes == 0):
             raise ConfigError(f"{key}.n_gpus_per_node", "a pool of its own with no GPU", "give it at least one GPU, or pool: shared")
+    if any(OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") for policy in table.values()):
+        _check_families(config, settings, {name: OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") or main_model
+                                           for name, policy in table.items()})
     groups = settings.groups()
     if ADAPTER_GROUP in groups:
         _check_adapters(config, settings, groups)
@@ -235,6 +229,39 @@ def _modules(model_path: Any) -> dict[str, Any] | None:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     return {name: module for name, module in model.named_modules() if name}
+
+
+def _check_families(config: DictConfig, settings: Any, paths: dict[str, str]) -> None:
+    """Policies of several model families (tokenizers) in one run: what cannot mix is refused.
+    ``paths``: policy -> its model path. The first group's tokenizer is verl's own (its agent-loop
+    worker, its trainer's logs); a policy whose tokenizer differs renders and reads its own roles. An
+    adapter never differs: it lives on the base model (an adapter's ``overrides.model`` is refused)."""
+    from pettingllms_verl.config import SECTION
+
+    first = settings.groups()[next(iter(settings.groups()))][0]  # verl's own group: its worker's tokenizer
+    vocabs = {path: _tokenizer_vocab(path) for path in dict.fromkeys(paths.values())}
+    if vocabs[paths[first]] is None:
+        return  # not loadable here (a hub model not cached): the model path checks report what matters
+    others = [name for name, path in paths.items() if vocabs[path] is not None and not _renders_for(vocabs[paths[first]], vocabs[path])]
+    if not others:
+        return
+    what = f"policies {others} have another tokenizer than the first policy, {first} ({paths[first]})"
+    for key in ("trainer.rollout_data_dir", "trainer.validation_data_dir"):
+        if select(config, key):
+            raise ConfigError(key, f"verl writes every row decoded by the first policy's tokenizer, and {what}",
+                              f"unset it: {SECTION}.paths.episode_log_dir logs every episode with each role's text in its own policy's tokens")
+    if (select(config, "trainer.log_val_generations") or 0) > 0:
+        raise ConfigError("trainer.log_val_generations", f"verl decodes the logged generations with the first policy's tokenizer, and {what}",
+                          f"set it to 0: {SECTION}.paths.episode_log_dir logs every episode with each role's own text")
+    pair = settings.swap_policies or []
+    if len(pair) == 2 and (pair[0] in others) != (pair[1] in others) and not settings.swap_across_families:
+        raise ConfigError(f"{SECTION}.swap_policies", f"{pair[0]} and {pair[1]} are of two model families ({what}): swapped, each "
+                          "plays the other's role in its own chat template, a prompt it was never trained on",
+                          f"set {SECTION}.swap_across_families=true to swap them anyway, or swap two policies of one family")
+    seeing = [role for role in settings.env_kwargs.get("image_roles") or () if settings.policy_of(role) in others]
+    if seeing:
+        raise ConfigError(f"{SECTION}.env_kwargs.image_roles", f"roles {seeing} are shown images, and {what}: verl's episode worker "
+                          "turns every image into model inputs with the first policy's processor", "give the roles that see a policy of the first one's family")
 
 
 def _tokenizer_vocab(path: str) -> dict | None:

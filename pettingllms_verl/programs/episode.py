@@ -81,8 +81,8 @@ async def assistant_reply(request: ChatRequest, n: int, ids: list[int], log_prob
     return Reply(ids, log_probs, message, finish, None if temperature is None else (temperature if temperature > 0 else 1.0))
 
 
-# (messages, tools) -> prompt token ids, exactly as templated; raises PromptTooLong
-Render = Callable[[list[dict], list[dict] | None], list[int]]
+# (agent, messages, tools) -> prompt token ids, exactly as the agent's policy's template gives them; raises PromptTooLong
+Render = Callable[[str, list[dict], list[dict] | None], list[int]]
 # (request, call number, prompt ids) -> one reply of the request's agent
 SampleReply = Callable[[ChatRequest, int, list[int]], Awaitable[Reply]]
 
@@ -123,7 +123,7 @@ class Run:
             self.fault = self.fault or ("program_call_limit", error)
             raise error
         try:  # off the event loop: a program may send megabytes (seconds of template and tokenizer), the other episodes go on
-            prompt_ids = await asyncio.get_running_loop().run_in_executor(RENDERS, self.render, request.messages, request.tools)
+            prompt_ids = await asyncio.get_running_loop().run_in_executor(RENDERS, self.render, agent, request.messages, request.tools)
         except PromptTooLong as error:
             self.fault = self.fault or ("prompt_overflow", error)
             raise GatewayError(400, str(error), "context_length_exceeded") from None

@@ -20,7 +20,6 @@ from typing import Any
 
 import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
-from verl.utils.tokenizer.tokenizer import get_processor_token_id
 
 from pettingllms_verl import envs
 from pettingllms_verl.programs.episode import DIVERGED_NODE, Reply, assistant_reply, play_program
@@ -29,6 +28,7 @@ from pettingllms_verl.config import ROW_TEMPERATURE, PettingLLMsConfig, load
 from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
 from pettingllms_verl.envs.images import chat_inputs, data_uri
+from pettingllms_verl.rollout.codecs import Codec, codecs_of
 from pettingllms_verl.episodes.core import EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
 from pettingllms_verl.rollout.faults import TRACEBACK_CHARS
 from pettingllms_verl.episodes.tags import SWAPPED_KWARG
@@ -81,14 +81,11 @@ class EpisodeAgentLoop(AgentLoopBase):
         self.rewards = {role: load_target(config.reward) for role, config in self.settings.roles.items() if config.reward}
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
-        # a vision-language model's image and video placeholder tokens (none for a text model)
-        self.media_placeholders = frozenset(
-            token for kind in ("image", "video") if self.processor is not None
-            for token in [get_processor_token_id(self.processor, kind)] if token is not None
-        )
+        # each policy's tokenizer: the first group's is this worker's; a policy of another model family has its own
+        self.codecs = codecs_of(self.settings, self.rollout_config, Codec(self.tokenizer, self.processor))
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
-        ids = chat_inputs(self.tokenizer, self.processor, messages, tools, **self.apply_chat_template_kwargs)["input_ids"]
+    def render(self, codec: Codec, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+        ids = chat_inputs(codec.tokenizer, codec.processor, messages, tools, **self.apply_chat_template_kwargs)["input_ids"]
         if len(ids) > self.prompt_length:
             raise PromptTooLong(
                 f"pettingllms_episode: a {len(ids)}-token prompt exceeds data.max_prompt_length="
@@ -96,16 +93,13 @@ class EpisodeAgentLoop(AgentLoopBase):
             )
         return list(ids)
 
-    def _reply(self, token_ids: list[int], log_probs: list[float]) -> tuple[list[int], list[float]]:
+    def _reply(self, codec: Codec, token_ids: list[int], log_probs: list[float]) -> tuple[list[int], list[float]]:
         """A sampled reply as it is trained: within the response budget, and ended before the first
         image or video placeholder a vision-language model wrote (a row's placeholders must be its
         prompt's images; the tokens before it keep their log-probs, as a reply cut at max_tokens does)."""
         end = min(len(token_ids), self.response_length)
-        end = next((i for i, token in enumerate(token_ids[:end]) if token in self.media_placeholders), end)
+        end = next((i for i, token in enumerate(token_ids[:end]) if token in codec.media_placeholders), end)
         return list(token_ids[:end]), list(log_probs[:end])
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _sampling(self, base: dict[str, Any], role: str, validate: bool, call: dict[str, Any] | None = None) -> dict[str, Any]:
         """verl's sampling params with the role's overrides, then a program call's own values (``call``)."""
@@ -137,6 +131,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         request_id = uuid.uuid4().hex
         swapped = validate and bool(kwargs.get(SWAPPED_KWARG, False))
         policies = {role: self.settings.policy_of(role, swapped=swapped) for role in turn_order}
+        codecs = {role: self.codecs[policy] for role, policy in policies.items()}  # a role's prompts and replies in its policy's tokens
         weight_versions: dict[str, set] = {role: set() for role in policies}  # global step of the weights behind each reply
         served_by: dict[str, set] = {role: set() for role in policies}  # the policy each server says it is
         resampled = [0]  # tree nodes sampled again: their branches had come from two weight versions
@@ -167,11 +162,17 @@ class EpisodeAgentLoop(AgentLoopBase):
             weight_versions[role].update(versions)
             for out in outputs:
                 served_by[role].add(out.extra_fields.get("policy"))
-            return [self._reply(out.token_ids, out.log_probs or []) for out in outputs]
+            return [self._reply(codecs[role], out.token_ids, out.log_probs or []) for out in outputs]
+
+        def render(role: str, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+            return self.render(codecs[role], messages, tools)
+
+        def decode(role: str, ids: list[int]) -> str:
+            return codecs[role].decode(ids)
 
         if program:
             problem = {"env": name, "seed": seed, "task": task, "env_kwargs": dict(self.settings.env_kwargs)}
-            episode = await self._play_program(problem, sampling_params, validate, generate)
+            episode = await self._play_program(problem, sampling_params, validate, generate, render, codecs)
         else:
             episode = await run_episode(
                 env,
@@ -180,8 +181,8 @@ class EpisodeAgentLoop(AgentLoopBase):
                 k=self.settings.branches(validate),
                 alpha=self.settings.alpha,
                 generate=generate,
-                render=self.render,
-                decode=self.decode,
+                render=render,
+                decode=decode,
                 snapshots=bool(self.settings.paths.episode_log_dir),
                 rewards=self.rewards,
             )
@@ -208,9 +209,10 @@ class EpisodeAgentLoop(AgentLoopBase):
         self._log_fault(episode, name)
         if self.settings.paths.episode_log_dir:
             served = {role: routing[role]["mas_served_by"] for role in routing}
-            self._write_log(self.settings.paths.episode_log_dir, name, seed, task, validate, swapped, policies, served, episode, started_at)
+            self._write_log(self.settings.paths.episode_log_dir, name, seed, task, validate, swapped, policies, served, episode, started_at,
+                            codecs)
         if not episode.samples:  # ended before its first reply: one untrained row carries the episode's end
-            episode.samples.append(self._placeholder(turn_order[0]))
+            episode.samples.append(self._placeholder(turn_order[0], codecs[turn_order[0]]))
         if validate:
             # Validation reports what evaluation means: episode success, one row per episode.
             final = episode.samples[-1]
@@ -229,9 +231,10 @@ class EpisodeAgentLoop(AgentLoopBase):
             outputs[-1].reward_score = episode_return(samples, episode.final_global_reward, self.settings.alpha)
         return outputs
 
-    async def _play_program(self, problem: dict, sampling_params: dict[str, Any], validate: bool, generate) -> Episode:
+    async def _play_program(self, problem: dict, sampling_params: dict[str, Any], validate: bool, generate, render,
+                            codecs: dict[str, Codec]) -> Episode:
         """An episode of the recipe's team program (``programs/episode.py``): each call it makes
-        through the gateway is rendered with this policy's chat template, sampled by the role's
+        through the gateway is rendered with its agent's policy's chat template, sampled by that
         policy and answered as a chat completion (tool calls parsed by verl's tool parser)."""
         config = self.settings.program
         door = await gateway(config.host, config.max_request_bytes)
@@ -239,24 +242,17 @@ class EpisodeAgentLoop(AgentLoopBase):
         async def sample(request: ChatRequest, n: int, prompt_ids: list[int]) -> Reply:
             params = self._sampling(sampling_params, request.agent, validate, request.sampling)
             ((ids, log_probs),) = await generate(request.agent, prompt_ids, 1, params)
-            parser = self._tool_parser() if request.tools else None
-            return await assistant_reply(request, n, list(ids), list(log_probs), params["max_tokens"], self.decode, parser,
-                                         self.tokenizer.all_special_tokens)
+            codec = codecs[request.agent]
+            parser = codec.tool_parser(self.rollout_config.multi_turn.format) if request.tools else None
+            return await assistant_reply(request, n, list(ids), list(log_probs), params["max_tokens"], codec.decode, parser,
+                                         codec.tokenizer.all_special_tokens)
 
         return await play_program(config, problem, list(self.settings.roles), self.settings.branches(validate), self.settings.alpha,
-                                  door, self.render, sample)
-
-    def _tool_parser(self):
-        """verl's tool parser for the rollout's format (``rollout.multi_turn.format``, hermes by default)."""
-        if not hasattr(self, "_parser"):
-            from verl.experimental.agent_loop.tool_parser import ToolParser
-
-            self._parser = ToolParser.get_tool_parser(self.rollout_config.multi_turn.format, self.tokenizer)
-        return self._parser
+                                  door, render, sample)
 
     def _write_log(
         self, directory: str, env_name: str, seed: int, task: dict, validate: bool, swapped: bool, policies: dict,
-        served_by: dict, episode: Episode, started_at: float,
+        served_by: dict, episode: Episode, started_at: float, codecs: dict[str, Codec],
     ) -> None:
         """Append the episode as one JSON line to ``<directory>/episodes-<pid>.jsonl`` (one file per
         process: no two writers share a file). Model text is stored as it came: escape it to show it."""
@@ -267,9 +263,9 @@ class EpisodeAgentLoop(AgentLoopBase):
                 "turn": s.turn, "role": s.role, "policy": policies.get(s.role), "node": s.node, "branch": s.branch,
                 "chosen": s.chosen, "placeholder": s.placeholder, "parse_ok": s.parse_ok,
                 "local_reward": s.local_reward, "global_reward": s.global_reward, "reward": s.reward,
-                "prompt": prompts.setdefault(id(s.prompt_ids), self.tokenizer.decode(s.prompt_ids)),
+                "prompt": prompts.setdefault(id(s.prompt_ids), codecs[s.role].tokenizer.decode(s.prompt_ids)),
                 **({"images": images.setdefault(id(s.images), [data_uri(image) for image in s.images])} if s.images else {}),
-                "reply": self.decode(s.response_ids), "info": s.info, "state": s.snapshot,
+                "reply": codecs[s.role].decode(s.response_ids), "info": s.info, "state": s.snapshot,
             }
             for s in episode.samples
         ]
@@ -300,10 +296,11 @@ class EpisodeAgentLoop(AgentLoopBase):
         logger.warning(f"pettingllms_episode: a {env_name} episode ended by {episode.end_cause} (first of its kind "
                        f"in this process; counted in mas/episode_errors or mas/truncated):\n{cls._error_text(episode)}")
 
-    def _placeholder(self, role: str) -> Sample:
+    @staticmethod
+    def _placeholder(role: str, codec: Codec) -> Sample:
         """A row for an episode that produced no sample: counted in the episode metrics, masked out
-        of training (its response mask is zero, its group a singleton)."""
-        token = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
+        of training (its response mask is zero, its group a singleton); a token of the role's policy."""
+        token = codec.tokenizer.eos_token_id if codec.tokenizer.eos_token_id is not None else 0
         return Sample(prompt_ids=[token], response_ids=[token], log_probs=[0.0], turn=0, role=role, node="", branch=0,
                       local_reward=0.0, global_reward=0.0, reward=0.0, parse_ok=False, placeholder=True)
 

@@ -31,7 +31,7 @@ import numpy as np
 import ray
 import torch
 import transfer_queue as tq
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.checkpoint_engine import CheckpointEngineManager
@@ -54,6 +54,7 @@ from pettingllms_verl.config import ADAPTER_GROUP, NULL_REWARD_PERMUTE, ROW_TEMP
 from pettingllms_verl.episodes.tags import SWAPPED_KWARG
 from pettingllms_verl.files import write_whole
 from pettingllms_verl.placement import PLACEMENT, name_actors, named_by_ray, nodes_of, refusal, who
+from pettingllms_verl.rollout.codecs import MODELS_KEY
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
 from pettingllms_verl.trainer import rendezvous
 from pettingllms_verl.trainer.batching import PolicyBatching, check_groups_within_policies
@@ -95,8 +96,11 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         # The first group is verl's own actor group: its settings go into the main config. The
         # others start from actor_rollout_ref as configured, never from the first group's.
         self._configured_actor_rollout_ref = copy.deepcopy(config.actor_rollout_ref)
+        # each group's model section, for the episode workers: a policy of another model family renders its own prompts
+        models = {group: OmegaConf.to_container(policy_config(config, group).actor_rollout_ref.model, resolve=True) for group in self.group_policies}
         with open_dict(config):
             config.actor_rollout_ref = policy_config(config, self.first_group).actor_rollout_ref
+            config.actor_rollout_ref.rollout.custom[MODELS_KEY] = models
         self.groups: dict[str, PolicyGroup] = {}
         rendezvous.install()  # before verl's _setup creates the first worker group
         super().__init__(config)
@@ -207,11 +211,11 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         self._check_checkpoint_folder(placement)
         self._load_checkpoint()
 
-    def _group(self, name: str, config, worker_group, servers, sync, critic=None) -> PolicyGroup:
+    def _group(self, name: str, config, worker_group, servers, sync, critic=None, tokenizer=None) -> PolicyGroup:
         policies = self.group_policies[name]
         return PolicyGroup(
             name, any(self.policy_table[p].trainable for p in policies), config, worker_group, servers, sync,
-            adapters=tuple(policies) if name == ADAPTER_GROUP else (), critic=critic,
+            adapters=tuple(policies) if name == ADAPTER_GROUP else (), critic=critic, tokenizer=tokenizer,
         )
 
     def _build_group(self, name: str) -> PolicyGroup:
@@ -243,7 +247,8 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         sync_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
         sync_config.backend = "naive"  # as verl's own sync trainer
         sync = CheckpointEngineManager(config=sync_config, actor_wg=group, replicas=servers.get_replicas())
-        return self._group(name, config, group, servers, sync, critic)
+        tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer  # its model family's, as its workers load it
+        return self._group(name, config, group, servers, sync, critic, tokenizer)
 
     def _critic_class(self, config):
         """verl's value-model worker for one policy's config (as verl's _setup builds the critic):
@@ -271,16 +276,17 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
     @contextlib.contextmanager
     def _serving(self, group: PolicyGroup):
         """verl's per-batch methods, pointed at one policy's worker group and config."""
-        saved = self.actor_rollout_wg, getattr(self, "ref_policy_wg", None), getattr(self, "critic_wg", None), self.config
+        saved = self.actor_rollout_wg, getattr(self, "ref_policy_wg", None), getattr(self, "critic_wg", None), self.config, self.tokenizer
         self.actor_rollout_wg = group.worker_group
         if self.use_reference_policy:
             self.ref_policy_wg = group.worker_group  # ref lives in the actor's process (ActorRolloutRef)
         self.critic_wg = group.critic
         self.config = group.config
+        self.tokenizer = group.tokenizer or self.tokenizer  # a batch padded with a token of its own policy
         try:
             yield
         finally:
-            self.actor_rollout_wg, self.ref_policy_wg, self.critic_wg, self.config = saved
+            self.actor_rollout_wg, self.ref_policy_wg, self.critic_wg, self.config, self.tokenizer = saved
 
     # ------------------------------ one training step ------------------------------
 

@@ -29,6 +29,7 @@ class PolicyGroup:
     synced: bool = False  # a frozen group is synced once (after loading a checkpoint), then never again
     adapters: tuple[str, ...] = ()  # the adapter policies of the group (L1); () for a full model
     critic: Any = None  # RayWorkerGroup of verl's value-model TrainingWorker (gae), in the actor's processes; None without one
+    tokenizer: Any = None  # its model's tokenizer where the group was built apart from verl's own (None: the trainer's)
 
 
 class PolicyRouterClient(LLMServerClient):

@@ -100,20 +100,40 @@ def test_a_policy_changes_only_through_its_own_rows_with_a_full_model_and_an_ada
     assert same_params(base_tensors(lora), start)
 
 
-def test_tictactoe_one_learner_per_player_with_a_frozen_opponent(artifacts):
-    dump = artifacts / "tictactoe_batches"
+def test_tictactoe_one_learner_per_player_of_another_model_family_beside_a_frozen_opponent(artifacts):
+    """Two model families in one team: player_x a tiny model on the second tokenizer family (another
+    vocabulary, special tokens and chat template; the first policy, so verl's own worker group),
+    trained at a learning rate of its own; player_o the run's model, frozen. Each role's prompts are
+    rendered in its policy's template, and each policy's server and actor read the same tokens (the
+    rollout/actor gap stays at zero: a row in the other family's ids would be another text, or out of
+    the vocabulary)."""
+    from transformers import AutoTokenizer
+
+    from pettingllms_verl.models.tiny import build
+
+    bracket = build(str(artifacts / "tiny_model_bracket"), seed=0, family="bracket")
+    dump, log = artifacts / "tictactoe_batches", artifacts / "tictactoe_episodes"
     metrics = run_recipe(
         artifacts, "tictactoe_mas_full_cpu", "trainer.total_training_steps=1",
-        "+pettingllms.policies.player_o.trainable=false", f"pettingllms.paths.batch_dump_dir={dump}",
+        f"+pettingllms.policies.player_x.overrides.model.path={bracket}", "+pettingllms.policies.player_x.overrides.actor.optim.lr=2e-3",
+        "+pettingllms.policies.player_o.trainable=false", f"pettingllms.paths.batch_dump_dir={dump}", f"pettingllms.paths.episode_log_dir={log}",
     )
     data = metrics[0]["data"]
     assert data["policy/player_x/rows"] > 0 and data["policy/player_o/rows"] > 0
     assert "policy/player_x/actor/grad_norm" in data and "policy/player_o/actor/grad_norm" not in data  # never updated
+    assert data["policy/player_x/actor/lr"] == pytest.approx(2e-3)  # its own learning rate (the recipe's: 1e-3)
+    for policy in ("player_x", "player_o"):
+        assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
     assert {(row["mas_role"], row["mas_policy"]) for row in dumped_rows(dump)} == {("x", "player_x"), ("o", "player_o")}
+    samples = [sample for name in os.listdir(log) for line in open(log / name) for sample in json.loads(line)["samples"]]
+    by_role = {role: [s for s in samples if s["role"] == role] for role in ("x", "o")}
+    assert by_role["x"] and by_role["o"]
+    assert all(s["prompt"].startswith("<s>[SYSTEM] ") and "<|im_start|>" not in s["prompt"] for s in by_role["x"])
+    assert all(s["prompt"].startswith("<|im_start|>system") for s in by_role["o"])
+    assert len(AutoTokenizer.from_pretrained(bracket)) != len(AutoTokenizer.from_pretrained(artifacts / "tiny_model"))
     step = artifacts / "checkpoints" / "tictactoe_mas_full_cpu" / "global_step_1"
-    start = initial_params(artifacts / "tiny_model")
-    assert same_params(saved_policy(step, "player_o")[0], start)  # frozen: saved weights = initial ones
-    assert not same_params(saved_policy(step, "player_x")[0], start)
+    assert same_params(saved_policy(step, "player_o")[0], initial_params(artifacts / "tiny_model"))  # frozen: saved weights = initial ones
+    assert not same_params(saved_policy(step, "player_x")[0], initial_params(bracket))
 
 
 def test_eval_command_plays_the_chosen_checkpoint_as_trained_and_swapped_and_a_single_agent(l2_run, artifacts):

@@ -119,7 +119,7 @@ def test_a_reward_function_that_raises_ends_its_episode_as_an_env_error(relay_im
     def broken(**_):
         raise ZeroDivisionError("the user's bug")
 
-    episode = asyncio.run(run_episode(env, ("describer", "guesser"), 1, 2, 1.0, generate, lambda m: [0], lambda ids: "clue",
+    episode = asyncio.run(run_episode(env, ("describer", "guesser"), 1, 2, 1.0, generate, lambda role, m: [0], lambda role, ids: "clue",
                                       rewards={"describer": broken}))
     assert episode.end_cause == "env_error" and isinstance(episode.error, ZeroDivisionError)
 

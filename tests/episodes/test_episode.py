@@ -34,11 +34,11 @@ class ScriptedEngine:
         return replies
 
 
-def render(messages):
+def render(role, messages):
     return [ord(c) for c in "".join(m["content"] for m in messages)]
 
 
-def decode(ids):
+def decode(role, ids):
     return "".join(chr(i) for i in ids)
 
 
@@ -91,9 +91,9 @@ def test_episode_continues_from_the_chosen_branch():
     replay = envs.make("plan_path", size=6, max_turns=3)
     replay.reset(seed=6)
     for samples in nodes(episode).values():
-        assert samples[0].prompt_ids == render(replay.observation(samples[0].role))
+        assert samples[0].prompt_ids == render(samples[0].role, replay.observation(samples[0].role))
         chosen = next(s for s in samples if s.chosen)
-        replay.step(chosen.role, decode(chosen.response_ids))
+        replay.step(chosen.role, decode(chosen.role, chosen.response_ids))
     assert replay.success == episode.success
 
 

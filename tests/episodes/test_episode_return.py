@@ -77,11 +77,11 @@ def play(name: str, options: dict, task: dict, replies: list[str], alpha: float 
 
     texts = []
 
-    def decode(ids):
+    def decode(role, ids):
         texts.append(next(script, STALL))
         return texts[-1]
 
-    episode = asyncio.run(run_episode(env, workflow.turn_order, workflow.max_turns, 1, alpha, generate, lambda m: [0], decode))
+    episode = asyncio.run(run_episode(env, workflow.turn_order, workflow.max_turns, 1, alpha, generate, lambda role, m: [0], decode))
     return episode, episode_return(episode.samples, episode.final_global_reward, alpha)
 
 

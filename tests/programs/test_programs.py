@@ -32,7 +32,7 @@ def program(name: str, **kwargs) -> ProgramConfig:
     return ProgramConfig(target=f"{PROGRAMS}:{name}", **kwargs)
 
 
-def render(messages, tools=None) -> list[int]:
+def render(agent, messages, tools=None) -> list[int]:
     """Prompt ids: the characters of the messages (equal messages, equal ids)."""
     ids = [ord(c) % 997 for c in json.dumps([messages, tools], sort_keys=True)]
     if len(ids) > 2000:
@@ -88,9 +88,9 @@ def test_a_call_renders_off_the_event_loop_so_a_long_prompt_holds_up_nothing_els
     would hold it, and nothing else could run (its wait gives up after a minute and fails)."""
     loop_ran = threading.Event()
 
-    def slow_render(messages, tools=None):
+    def slow_render(agent, messages, tools=None):
         assert loop_ran.wait(60), "the event loop ran nothing while a call was rendered"
-        return render(messages, tools)
+        return render(agent, messages, tools)
 
     async def call():
         run = Run(AGENTS, max_calls=4, render=slow_render, sample=Model())
@@ -254,7 +254,7 @@ def test_every_call_of_a_run_is_a_sample_numbered_per_agent_with_its_agents_rewa
     assert all(s.reward == (writer_reward if s.role == "writer" else 1.0) for s in episode.samples)
     assert all(s.chosen and s.node == "" and s.global_reward == (writer_reward + 1.0) / 2 for s in episode.samples)
     # the checker's prompt holds the writer's reply as the program received it
-    assert render([{"role": "user", "content": f"check {bytes(episode.samples[0].response_ids).decode()!r}"}]) == episode.samples[1].prompt_ids
+    assert render(None, [{"role": "user", "content": f"check {bytes(episode.samples[0].response_ids).decode()!r}"}]) == episode.samples[1].prompt_ids
     assert episode.program == {"runs": 1, "calls": 4, "replayed_calls": 0, "diverged": 0}
 
 
@@ -363,7 +363,7 @@ def test_a_command_program_reads_its_session_from_the_environment(tmp_path):
 
     episode = play(ProgramConfig(command=[sys.executable, str(script)]), seed=11)
     (sample,) = episode.samples
-    assert sample.role == "checker" and sample.reward == 0.25 and sample.prompt_ids == render([{"role": "user", "content": "11"}])
+    assert sample.role == "checker" and sample.reward == 0.25 and sample.prompt_ids == render(None, [{"role": "user", "content": "11"}])
 
 
 # --- AT-GRPO tree sampling by replay --------------------------------------------------------------
@@ -433,10 +433,10 @@ def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_t
     env = envs.make("plan_path", **options)
     env.reset(seed=5)
 
-    def render_(messages, tools=None):
+    def render_(role, messages, tools=None):
         return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False))
 
-    def decode(ids):
+    def decode(role, ids):
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     turns: dict[str, int] = {}
@@ -448,7 +448,7 @@ def test_the_plan_path_program_sends_the_native_environments_prompts_token_for_t
 
     async def program_sample(request, n, prompt_ids):
         ids = tokenizer.encode(SCRIPT[request.agent, n])
-        return Reply(ids, [0.0] * len(ids), {"role": "assistant", "content": decode(ids)}, "stop")
+        return Reply(ids, [0.0] * len(ids), {"role": "assistant", "content": decode(request.agent, ids)}, "stop")
 
     native = asyncio.run(run_episode(env, ("tool", "plan"), 2, k=1, alpha=1.0, generate=native_generate, render=render_, decode=decode))
 

@@ -43,10 +43,12 @@ class ReplyingServer(ScriptedServer):
         return await super().generate(request_id, prompt_ids, sampling_params, policy)
 
 
-def play_env(tokenizer, server, env: str, task: dict, settings: dict | None = None, response_length: int = 16, **env_kwargs) -> list:
-    """One training episode of ``env`` on ``task`` through the real agent loop."""
+def play_env(tokenizer, server, env: str, task: dict, settings: dict | None = None, response_length: int = 16, rollout: dict | None = None,
+             **env_kwargs) -> list:
+    """One training episode of ``env`` on ``task`` through the real agent loop (``rollout``: more of
+    the rollout's config, e.g. ``custom``)."""
     config = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": response_length}},
+        "actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": response_length, **(rollout or {})}},
         "algorithm": {"adv_estimator": "at_grpo"},
         "pettingllms": {"k": K, "env_kwargs": env_kwargs, **(settings or {})},
     })
