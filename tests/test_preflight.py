@@ -208,10 +208,18 @@ def test_policies_of_two_model_families_pass_and_what_cannot_mix_is_refused_nami
     check(two_policies(tmp_path, plan_path_rows, **{**mixed, "pettingllms.swap_policies": "[a,b]", "pettingllms.swap_across_families": "true"}))
     same = {**mixed, "pettingllms.policies.b.overrides.model.path": tiny_model_dir, "pettingllms.swap_policies": "[a,b]"}
     check(two_policies(tmp_path, plan_path_rows, **same))  # one family: swapped as ever
+    # a template that cannot render what the env asks the role (here: no system message)
+    import shutil
+
+    picky = shutil.copytree(other, tmp_path / "picky")
+    (picky / "chat_template.jinja").write_text("{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}")
+    with pytest.raises(ConfigError, match=r"chat template cannot render role plan's prompt: .*no system role") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{**mixed, "pettingllms.policies.b.overrides.model.path": str(picky)}))
+    assert error.value.key == "pettingllms.policies.b.overrides.model.path"
     # a role shown images on the other family (its model then a vision-language one): verl's worker has one processor
     config = two_policies(tmp_path, plan_path_rows, **{**mixed, "pettingllms.env_kwargs.image_roles": "[plan]"})
     with pytest.raises(ConfigError, match=r"roles \['plan'\] are shown images, .* with the first policy's processor") as error:
-        _check_families(config, load(config.pettingllms), {"a": tiny_model_dir, "b": other})
+        _check_families(config, load(config.pettingllms), {"a": tiny_model_dir, "b": other}, {})
     assert error.value.key == "pettingllms.env_kwargs.image_roles"
 
 

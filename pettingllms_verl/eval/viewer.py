@@ -187,7 +187,17 @@ def episode_html(index: int, record: dict, note: str = "") -> str:
              + (f' · run {esc(record["run"])}' if record.get("run") else "")
              + (" · swapped policies" if record.get("swapped") else "") + esc(note))
     policies = record.get("policies") or {}
-    header = "".join(f"<th>{esc(role)}" + (f" ({esc(policies[role])})" if role in policies else "") + "</th>" for role in roles)
+    models = record.get("models") or {}
+    mixed = len(set(models.values())) > 1  # a team of several model families: each role's tokenizer shown beside its policy
+
+    def role_header(role: str) -> str:
+        label = esc(role)
+        if role in policies:
+            model = f" · {esc(os.path.basename(models[role].rstrip('/')))}" if mixed and role in models else ""
+            label += f" ({esc(policies[role])}{model})"
+        return f"<th>{label}</th>"
+
+    header = "".join(role_header(role) for role in roles)
     rows = []
     for turn in turns:
         cells = []

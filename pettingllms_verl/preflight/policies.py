@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[
     from pettingllms_verl.config import ADAPTER_GROUP, SECTION, SettingsError
     from pettingllms_verl.targets import TargetError
 
+    prompts: dict[str, Any] = {}  # role -> its first prompt's messages (the env's, where the rows name one)
     try:
         table = settings.policy_table()
         _check_user_code(settings)
@@ -48,6 +50,7 @@ def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[
             if env.runs_model_code:
                 _check_sandbox(env_name)
             settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
+            prompts = {role: env.observation(role) for role in env.workflow(settings.workflow).turn_order}
             if getattr(env, "image_roles", None):
                 _check_image_roles(config, settings, sorted(env.image_roles), views())
     except SettingsError as error:
@@ -62,7 +65,7 @@ def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[
             raise ConfigError(f"{key}.n_gpus_per_node", "a pool of its own with no GPU", "give it at least one GPU, or pool: shared")
     if any(OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") for policy in table.values()):
         _check_families(config, settings, {name: OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") or main_model
-                                           for name, policy in table.items()})
+                                           for name, policy in table.items()}, prompts)
     groups = settings.groups()
     if ADAPTER_GROUP in groups:
         _check_adapters(config, settings, groups)
@@ -231,11 +234,12 @@ def _modules(model_path: Any) -> dict[str, Any] | None:
     return {name: module for name, module in model.named_modules() if name}
 
 
-def _check_families(config: DictConfig, settings: Any, paths: dict[str, str]) -> None:
+def _check_families(config: DictConfig, settings: Any, paths: dict[str, str], prompts: dict[str, Any]) -> None:
     """Policies of several model families (tokenizers) in one run: what cannot mix is refused.
     ``paths``: policy -> its model path. The first group's tokenizer is verl's own (its agent-loop
     worker, its trainer's logs); a policy whose tokenizer differs renders and reads its own roles. An
-    adapter never differs: it lives on the base model (an adapter's ``overrides.model`` is refused)."""
+    adapter never differs: it lives on the base model (an adapter's ``overrides.model`` is refused).
+    ``prompts``: role -> the env's first messages for it, which each role's policy must render."""
     from pettingllms_verl.config import SECTION
 
     first = settings.groups()[next(iter(settings.groups()))][0]  # verl's own group: its worker's tokenizer
@@ -245,6 +249,16 @@ def _check_families(config: DictConfig, settings: Any, paths: dict[str, str]) ->
     others = [name for name, path in paths.items() if vocabs[path] is not None and not _renders_for(vocabs[paths[first]], vocabs[path])]
     if not others:
         return
+    for role, messages in prompts.items():  # the other families' templates, on what the env asks their roles
+        policy = settings.policy_of(role)
+        if policy not in others:
+            continue
+        try:
+            _tokenizer(paths[policy]).apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # a template that rejects a message role or shape of this env's prompts
+            raise ConfigError(f"{SECTION}.policies.{policy}.overrides.model.path", f"{paths[policy]}'s chat template cannot render "
+                              f"role {role}'s prompt: {error!r}", "give the role a policy whose template takes system and user messages, "
+                              "or set the model's chat template (model.custom_chat_template)") from None
     what = f"policies {others} have another tokenizer than the first policy, {first} ({paths[first]})"
     for key in ("trainer.rollout_data_dir", "trainer.validation_data_dir"):
         if select(config, key):
@@ -264,15 +278,21 @@ def _check_families(config: DictConfig, settings: Any, paths: dict[str, str]) ->
                           "turns every image into model inputs with the first policy's processor", "give the roles that see a policy of the first one's family")
 
 
-def _tokenizer_vocab(path: str) -> dict | None:
-    """A tokenizer's vocabulary and special tokens (None where it cannot be loaded here)."""
+@functools.cache
+def _tokenizer(path: str) -> Any:
+    """The tokenizer of the model at ``path`` (None where it cannot be loaded here)."""
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path))
+        return AutoTokenizer.from_pretrained(os.path.expanduser(path))
     except Exception:  # a hub model not cached: the model check above reports what matters
         return None
-    return {"vocab": tokenizer.get_vocab(), "special": tokenizer.all_special_tokens}
+
+
+def _tokenizer_vocab(path: str) -> dict | None:
+    """A tokenizer's vocabulary and special tokens (None where it cannot be loaded here)."""
+    tokenizer = _tokenizer(path)
+    return None if tokenizer is None else {"vocab": tokenizer.get_vocab(), "special": tokenizer.all_special_tokens}
 
 
 def _renders_for(main: dict, ours: dict) -> bool:

@@ -271,6 +271,7 @@ class EpisodeAgentLoop(AgentLoopBase):
         ]
         record = {
             "env": env_name, "seed": seed, "task": task, "validate": validate, "swapped": swapped, "policies": policies, "served_by": served_by,
+            "models": {role: str(codec.tokenizer.name_or_path) for role, codec in codecs.items()},  # each role's tokenizer (its model family)
             "workflow": "program" if self.settings.program.enabled else self.settings.workflow,
             "program": episode.program,  # a team program's runs, replayed calls and diverged replays (None: an env's episode)
             "success": episode.success, "end_cause": episode.end_cause, "error": self._error_text(episode), "turns": episode.turns,

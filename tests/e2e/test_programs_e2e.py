@@ -147,12 +147,25 @@ def test_a_langgraph_math_program_on_one_shared_policy_with_independent_runs(art
 def test_the_langgraph_math_team_trains_a_policy_per_agent_with_tree_sampling_by_replay(artifacts, level):
     """L1 (a LoRA adapter per agent on one base) and L2 (a model per agent, the recipe as shipped):
     the solver's and the verifier's calls each reach their own policy, K = 2 branches per call by
-    replay, and both policies are updated on the ids and log-probs they sampled."""
+    replay, and both policies are updated on the ids and log-probs they sampled. In L2 the verifier
+    is a model of another tokenizer family (``models.tiny --family bracket``): each agent's calls are
+    rendered in its own policy's chat template."""
     write_math_fixture(artifacts)
-    dump = artifacts / f"math_{level}_batches"
-    adapters = ["+pettingllms.policies.solver_policy.adapter.rank=8", "+pettingllms.policies.verifier_policy.adapter.rank=8"] if level == "L1" else []
+    dump, log = artifacts / f"math_{level}_batches", artifacts / f"math_{level}_episodes"
+    if level == "L1":
+        policies = ["+pettingllms.policies.solver_policy.adapter.rank=8", "+pettingllms.policies.verifier_policy.adapter.rank=8"]
+    else:
+        from pettingllms_verl.models.tiny import build
+
+        bracket = build(str(artifacts / "tiny_model_bracket"), seed=0, family="bracket")
+        policies = [f"+pettingllms.policies.verifier_policy.overrides.model.path={bracket}", f"pettingllms.paths.episode_log_dir={log}"]
     metrics = run_recipe(
         artifacts, "math_program_cpu", program("math_solver_verifier"), f"actor_rollout_ref.model.path={artifacts / 'tiny_model_plan_path'}",
-        *adapters, "trainer.total_training_steps=1", f"trainer.experiment_name=math_{level}", f"pettingllms.paths.batch_dump_dir={dump}",
+        *policies, "trainer.total_training_steps=1", f"trainer.experiment_name=math_{level}", f"pettingllms.paths.batch_dump_dir={dump}",
     )
     assert_trained_by_replay(metrics[0]["data"], dump, {"solver": "solver_policy", "verifier": "verifier_policy"})
+    if level == "L2":
+        samples = [sample for name in os.listdir(log) for line in open(log / name) for sample in json.loads(line)["samples"]]
+        prompts = {role: [s["prompt"] for s in samples if s["role"] == role] for role in ("solver", "verifier")}
+        assert prompts["solver"] and all(p.startswith("<|im_start|>") for p in prompts["solver"])
+        assert prompts["verifier"] and all(p.startswith("<s>[") and "<|im_start|>" not in p for p in prompts["verifier"])

@@ -192,3 +192,12 @@ def test_samples_of_one_problem_are_counted_on_each_episode_and_their_pass_at_k_
     assert "samples each" not in viewer.page(records[::3])  # one episode per problem: nothing to count
     training = [{k: v for k, v in r.items() if k != "run"} for r in records]  # a training log: a step's rollout.n samples
     assert "samples each" not in viewer.page(training) and "of this problem" not in viewer.page(training)
+
+
+def test_a_team_of_two_model_families_shows_each_roles_model_beside_its_policy():
+    record = played("plan_path")
+    record["models"] = {"tool": "/models/tiny_model/", "plan": "/models/tiny_model_bracket"}
+    page = viewer.episode_html(0, record)
+    assert "tool (tool_policy · tiny_model)" in page and "plan (plan_policy · tiny_model_bracket)" in page
+    record["models"] = {"tool": "/models/tiny_model", "plan": "/models/tiny_model"}  # one family: the policy alone
+    assert "tool (tool_policy)" in viewer.episode_html(0, record)
