@@ -195,14 +195,25 @@ def check_checkpoint(step_dir: str, cfg: DictConfig, recipe: str) -> None:
 
 
 def swap_pair(cfg: DictConfig, swap: list[str] | None) -> list[str] | None:
-    """The two policies of the swapped pass: as given, or the only two of a two-policy recipe."""
+    """The two policies of the swapped pass: as given, or the only two of a two-policy recipe when
+    they are of one model family (a mixed team is swapped only when asked: docs/policies.md)."""
     table = load(cfg.get(SECTION)).policy_table()
     if swap:
         unknown = [name for name in swap if name not in table]
         if len(swap) != 2 or unknown:
             raise EvalError(f"--swap {','.join(swap)}: name two policies of the recipe; it has {sorted(table)}")
         return list(swap)
-    return sorted(table) if len(table) == 2 else None
+    return sorted(table) if len(table) == 2 and not across_families(cfg, sorted(table)) else None
+
+
+def across_families(cfg: DictConfig, pair: list[str]) -> bool:
+    """Whether two policies' models have different tokenizers (two model families)."""
+    from pettingllms_verl.preflight.policies import same_family
+
+    models, groups = policy_models(cfg), load(cfg.get(SECTION)).groups()
+    group_of = {policy: group for group, policies in groups.items() for policy in policies}
+    a, b = (models[group_of[name]] for name in pair)
+    return not same_family(a, b)
 
 
 def sample_overrides(samples: int) -> list[str]:
@@ -252,6 +263,8 @@ def main_ppo_overrides(run: Run, episodes: int | None, run_dir: str, jobs: int =
         args += ["trainer.resume_mode=disable"]  # the recipe's models, not whatever its run saved last
     # the swapped pass is the run's own (--swap): a recipe's swap_policies (its validation in training) is replaced
     args.append(f"++pettingllms.swap_policies=[{run.swap[0]},{run.swap[1]}]" if run.swap else "++pettingllms.swap_policies=null")
+    if run.swap and across_families(run.config, run.swap):
+        args.append("++pettingllms.swap_across_families=true")  # asked for by name (--swap): two families swapped
     return args
 
 

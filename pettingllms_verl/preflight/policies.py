@@ -243,10 +243,7 @@ def _check_families(config: DictConfig, settings: Any, paths: dict[str, str], pr
     from pettingllms_verl.config import SECTION
 
     first = settings.groups()[next(iter(settings.groups()))][0]  # verl's own group: its worker's tokenizer
-    vocabs = {path: _tokenizer_vocab(path) for path in dict.fromkeys(paths.values())}
-    if vocabs[paths[first]] is None:
-        return  # not loadable here (a hub model not cached): the model path checks report what matters
-    others = [name for name, path in paths.items() if vocabs[path] is not None and not _renders_for(vocabs[paths[first]], vocabs[path])]
+    others = [name for name, path in paths.items() if not same_family(paths[first], path)]
     if not others:
         return
     for role, messages in prompts.items():  # the other families' templates, on what the env asks their roles
@@ -287,6 +284,14 @@ def _tokenizer(path: str) -> Any:
         return AutoTokenizer.from_pretrained(os.path.expanduser(path))
     except Exception:  # a hub model not cached: the model check above reports what matters
         return None
+
+
+def same_family(first: str, other: str) -> bool:
+    """Whether the model at ``other`` reads the token ids of the model at ``first`` as it does (the
+    same tokenizer, or ``first``'s with image tokens ``other`` lacks); True where one cannot be loaded
+    here (a hub model not cached: the model path checks report what matters)."""
+    ours, theirs = _tokenizer_vocab(first), _tokenizer_vocab(other)
+    return ours is None or theirs is None or _renders_for(ours, theirs)
 
 
 def _tokenizer_vocab(path: str) -> dict | None:

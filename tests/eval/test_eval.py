@@ -433,3 +433,19 @@ def test_the_table_names_a_team_by_its_policies_and_a_program_as_a_program(polic
     roles = {"tool": {"policy": "tool_policy"}, "plan": {"policy": "plan_policy"}} if policies else {"tool": {}, "plan": {}}
     cfg = OmegaConf.create({"pettingllms": {"roles": roles, "policies": policies, "program": {"target": program}}})
     assert runs.method_of(cfg) == f"{'program' if program else 'MAS'} ({method})"
+
+
+def test_a_team_of_two_model_families_is_swapped_only_when_asked_and_then_allowed_across(env):
+    """plan_path_mas_full_cpu with tool_policy on a second tokenizer family: no swapped pass by
+    default; ``--swap`` naming the pair plays it, with the switch that lets two families swap."""
+    from pettingllms_verl.models.tiny import build
+
+    bracket = build(str(env / "tiny_model_bracket"), seed=0, family="bracket")
+    overrides = [f"+pettingllms.policies.tool_policy.overrides.model.path={bracket}"]
+    config = runs.compose(RECIPE, overrides, runs.RECIPES_DIR)
+    assert runs.swap_pair(config, None) is None
+    assert runs.swap_pair(runs.compose(RECIPE, [], runs.RECIPES_DIR), None) == ["plan_policy", "tool_policy"]  # one family: swapped
+    pair = runs.swap_pair(config, ["tool_policy", "plan_policy"])
+    run = runs.Run("l", RECIPE, config, "plan_path", "x.parquet", None, overrides, pair)
+    played = runs.compose(RECIPE, runs.main_ppo_overrides(run, None, "/tmp/x"), runs.RECIPES_DIR)
+    assert list(played.pettingllms.swap_policies) == ["tool_policy", "plan_policy"] and played.pettingllms.swap_across_families
