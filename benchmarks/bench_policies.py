@@ -13,7 +13,7 @@ summed per kind: trainer workers (``WorkerDict``: FSDP actor, optimizer) and rol
 with PPO, the critics' share is that of ``timing_s/values`` + ``timing_s/update_critic`` in it (a
 critic lives in its policy's trainer process, so its memory is in the trainer column).
 
-    python benchmarks/bench_policies.py [--steps 3] [--models tiny,100m] [--out benchmarks/results/policies.json]
+    python benchmarks/bench_policies.py [--steps 3] [--models tiny,100m] [--modes "L2 (2 models),L2 (2 families)"] [--out ...]
 """
 
 import argparse
@@ -34,6 +34,9 @@ MODES = {  # name -> (recipe, extra overrides)
         "~hydra.callbacks.preflight", "+pettingllms.policies.spare_one.adapter.rank=8", "+pettingllms.policies.spare_two.adapter.rank=8",
     ]),
     "L2 (2 models)": ("plan_path_mas_full_cpu", []),
+    # the same team with the planner on a second tokenizer family (models.tiny --family bracket, the
+    # same architecture and vocabulary size, warm-started alike): what mixing families costs
+    "L2 (2 families)": ("plan_path_mas_full_cpu", ["+pettingllms.policies.plan_policy.overrides.model.path={family_b}"]),
     # PPO with a critic per policy on the same rows (docs/training.md): the critics' share of the step
     "L0 + PPO": ("plan_path_mas_atgrpo_cpu", ["algorithm.adv_estimator=gae"]),
     "L2 + PPO": ("plan_path_mas_full_cpu", ["algorithm.adv_estimator=gae"]),
@@ -55,9 +58,16 @@ def prepare(root: str, models: list[str]) -> dict[str, str]:
     if "tiny" in models:
         paths["tiny"] = os.path.join(root, "tiny_model_plan_path")
         warm_start(build(paths["tiny"], seed=0), "plan_path", seed=0)
+        warm_start(build(family_b(paths["tiny"]), seed=0, family="bracket", vocab_size=1024), "plan_path", seed=0)
     if "100m" in models:
         paths["100m"] = build(os.path.join(root, "model_100m"), seed=0, **MODEL_100M)
+        build(family_b(paths["100m"]), seed=0, family="bracket", vocab_size=1024, **MODEL_100M)
     return paths
+
+
+def family_b(path: str) -> str:
+    """Where a model's second-family twin is built (``L2 (2 families)``)."""
+    return f"{path}_bracket"
 
 
 def peak_memory(stop: threading.Event, peaks: dict[str, float]) -> None:
@@ -81,7 +91,7 @@ def run(root: str, recipe: str, overrides: list[str], model: str, steps: int) ->
         "--config-name", recipe, f"trainer.total_training_steps={steps}", f"actor_rollout_ref.model.path={model}",
         "trainer.save_freq=-1", "trainer.resume_mode=disable",
         "++pettingllms.trainer.mini_batches_per_step=2",  # the same optimizer work per policy in every mode
-        *overrides,
+        *(override.format(family_b=family_b(model)) for override in overrides),
     ]
     peaks: dict[str, float] = {}
     stop = threading.Event()
