@@ -219,7 +219,7 @@ def test_policies_of_two_model_families_pass_and_what_cannot_mix_is_refused_nami
     # a role shown images on the other family (its model then a vision-language one): verl's worker has one processor
     config = two_policies(tmp_path, plan_path_rows, **{**mixed, "pettingllms.env_kwargs.image_roles": "[plan]"})
     with pytest.raises(ConfigError, match=r"roles \['plan'\] are shown images, .* with the first policy's processor") as error:
-        _check_families(config, load(config.pettingllms), {"a": tiny_model_dir, "b": other}, {})
+        _check_families(config, load(config.pettingllms), {"a": tiny_model_dir, "b": other}, dict)
     assert error.value.key == "pettingllms.env_kwargs.image_roles"
 
 

@@ -22,7 +22,7 @@ def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[
     from pettingllms_verl.config import ADAPTER_GROUP, SECTION, SettingsError
     from pettingllms_verl.targets import TargetError
 
-    prompts: dict[str, Any] = {}  # role -> its first prompt's messages (the env's, where the rows name one)
+    prompts: Callable[[], dict[str, Any]] = dict  # role -> its first prompt's messages: the env's, where the rows name one
     try:
         table = settings.policy_table()
         _check_user_code(settings)
@@ -50,7 +50,7 @@ def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[
             if env.runs_model_code:
                 _check_sandbox(env_name)
             settings.check_roles(env_name, env.roles, env.workflow(settings.workflow).turn_order)
-            prompts = {role: env.observation(role) for role in env.workflow(settings.workflow).turn_order}
+            prompts = functools.partial(_first_prompts, env, settings.workflow)
             if getattr(env, "image_roles", None):
                 _check_image_roles(config, settings, sorted(env.image_roles), views())
     except SettingsError as error:
@@ -234,19 +234,25 @@ def _modules(model_path: Any) -> dict[str, Any] | None:
     return {name: module for name, module in model.named_modules() if name}
 
 
-def _check_families(config: DictConfig, settings: Any, paths: dict[str, str], prompts: dict[str, Any]) -> None:
+def _first_prompts(env: Any, workflow: str) -> dict[str, Any]:
+    """role -> the env's first messages for it. Asked only of a team of several model families: an
+    env's observation may have effects (a fault on cue in the tests), which the run must not see twice."""
+    return {role: env.observation(role) for role in env.workflow(workflow).turn_order}
+
+
+def _check_families(config: DictConfig, settings: Any, paths: dict[str, str], prompts: Callable[[], dict[str, Any]]) -> None:
     """Policies of several model families (tokenizers) in one run: what cannot mix is refused.
     ``paths``: policy -> its model path. The first group's tokenizer is verl's own (its agent-loop
     worker, its trainer's logs); a policy whose tokenizer differs renders and reads its own roles. An
     adapter never differs: it lives on the base model (an adapter's ``overrides.model`` is refused).
-    ``prompts``: role -> the env's first messages for it, which each role's policy must render."""
+    ``prompts()``: role -> the env's first messages for it, which each role's policy must render."""
     from pettingllms_verl.config import SECTION
 
     first = settings.groups()[next(iter(settings.groups()))][0]  # verl's own group: its worker's tokenizer
     others = [name for name, path in paths.items() if not same_family(paths[first], path)]
     if not others:
         return
-    for role, messages in prompts.items():  # the other families' templates, on what the env asks their roles
+    for role, messages in prompts().items():  # the other families' templates, on what the env asks their roles
         policy = settings.policy_of(role)
         if policy not in others:
             continue
