@@ -188,6 +188,24 @@ def test_bad_policy_config_names_the_key(tmp_path, plan_path_rows, overrides, ke
     assert error.value.key == key and problem in str(error.value), str(error.value)
 
 
+def test_a_vision_language_model_of_another_family_than_the_first_policy_is_refused(tmp_path, plan_path_rows, tiny_model_dir):
+    """verl's episode worker builds every row's position ids with the first policy's processor. (The
+    second family's tiny model given a vision config: the tiny VL model needs torchvision, which only
+    the vLLM tier's environment has.)"""
+    import json
+
+    from pettingllms_verl.models.tiny import build
+
+    seeing = build(str(tmp_path / "bracket_vl"), seed=0, family="bracket")
+    config_file = os.path.join(seeing, "config.json")
+    config = json.load(open(config_file))
+    json.dump({**config, "vision_config": {"depth": 1}}, open(config_file, "w"))
+    with pytest.raises(ConfigError, match="is a vision-language model of another family than the first policy, a") as error:
+        check(two_policies(tmp_path, plan_path_rows, **{"actor_rollout_ref.model.path": tiny_model_dir,
+                                                         "pettingllms.policies.b.overrides.model.path": seeing}))
+    assert error.value.key == "pettingllms.policies.b.overrides.model.path"
+
+
 def test_policies_of_two_model_families_pass_and_what_cannot_mix_is_refused_naming_the_key(tmp_path, plan_path_rows, tiny_model_dir):
     """A policy of another tokenizer family (L2) renders its own roles; what verl would read with the
     first policy's tokenizer (its generation logs and dumps), a swap across families unless asked,
@@ -216,6 +234,9 @@ def test_policies_of_two_model_families_pass_and_what_cannot_mix_is_refused_nami
     with pytest.raises(ConfigError, match=r"chat template cannot render role plan's prompt: .*no system role") as error:
         check(two_policies(tmp_path, plan_path_rows, **{**mixed, "pettingllms.policies.b.overrides.model.path": str(picky)}))
     assert error.value.key == "pettingllms.policies.b.overrides.model.path"
+    fixed = {**mixed, "pettingllms.policies.b.overrides.model.path": str(picky),
+             "pettingllms.policies.b.overrides.model.custom_chat_template": "'{% for m in messages %}{{ m.content }}{% endfor %}'"}
+    check(two_policies(tmp_path, plan_path_rows, **fixed))  # the recipe's own template for it: rendered with that one
     # a role shown images on the other family (its model then a vision-language one): verl's worker has one processor
     config = two_policies(tmp_path, plan_path_rows, **{**mixed, "pettingllms.env_kwargs.image_roles": "[plan]"})
     with pytest.raises(ConfigError, match=r"roles \['plan'\] are shown images, .* with the first policy's processor") as error:

@@ -236,8 +236,15 @@ def _modules(model_path: Any) -> dict[str, Any] | None:
 
 def _first_prompts(env: Any, workflow: str) -> dict[str, Any]:
     """role -> the env's first messages for it. Asked only of a team of several model families: an
-    env's observation may have effects (a fault on cue in the tests), which the run must not see twice."""
-    return {role: env.observation(role) for role in env.workflow(workflow).turn_order}
+    env's observation may have effects (a fault on cue in the tests), which the run must not see twice.
+    A role whose observation fails here (not its turn yet) is left to the episodes."""
+    prompts = {}
+    for role in env.workflow(workflow).turn_order:
+        try:
+            prompts[role] = env.observation(role)
+        except Exception:
+            continue
+    return prompts
 
 
 def _check_families(config: DictConfig, settings: Any, paths: dict[str, str], prompts: Callable[[], dict[str, Any]]) -> None:
@@ -252,12 +259,19 @@ def _check_families(config: DictConfig, settings: Any, paths: dict[str, str], pr
     others = [name for name, path in paths.items() if not same_family(paths[first], path)]
     if not others:
         return
+    table = settings.policy_table()
+    for name in others:  # verl's worker builds every row's position ids with the first policy's processor
+        if getattr(_model_config(paths[name]), "vision_config", None) is not None:
+            raise ConfigError(f"{SECTION}.policies.{name}.overrides.model.path", f"{paths[name]} is a vision-language model of another "
+                              f"family than the first policy, {first}: verl's episode worker builds every row's position ids with the first "
+                              "policy's processor", "list the vision-language policy first, or give it a model of the first one's family")
     for role, messages in prompts().items():  # the other families' templates, on what the env asks their roles
         policy = settings.policy_of(role)
         if policy not in others:
             continue
+        template = OmegaConf.select(OmegaConf.create(table[policy].overrides), "model.custom_chat_template")
         try:
-            _tokenizer(paths[policy]).apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            _tokenizer(paths[policy]).apply_chat_template(messages, add_generation_prompt=True, tokenize=False, chat_template=template)
         except Exception as error:  # a template that rejects a message role or shape of this env's prompts
             raise ConfigError(f"{SECTION}.policies.{policy}.overrides.model.path", f"{paths[policy]}'s chat template cannot render "
                               f"role {role}'s prompt: {error!r}", "give the role a policy whose template takes system and user messages, "
@@ -271,7 +285,7 @@ def _check_families(config: DictConfig, settings: Any, paths: dict[str, str], pr
         raise ConfigError("trainer.log_val_generations", f"verl decodes the logged generations with the first policy's tokenizer, and {what}",
                           f"set it to 0: {SECTION}.paths.episode_log_dir logs every episode with each role's own text")
     pair = settings.swap_policies or []
-    if len(pair) == 2 and (pair[0] in others) != (pair[1] in others) and not settings.swap_across_families:
+    if len(pair) == 2 and not same_family(paths[pair[0]], paths[pair[1]]) and not settings.swap_across_families:
         raise ConfigError(f"{SECTION}.swap_policies", f"{pair[0]} and {pair[1]} are of two model families ({what}): swapped, each "
                           "plays the other's role in its own chat template, a prompt it was never trained on",
                           f"set {SECTION}.swap_across_families=true to swap them anyway, or swap two policies of one family")
@@ -279,6 +293,16 @@ def _check_families(config: DictConfig, settings: Any, paths: dict[str, str], pr
     if seeing:
         raise ConfigError(f"{SECTION}.env_kwargs.image_roles", f"roles {seeing} are shown images, and {what}: verl's episode worker "
                           "turns every image into model inputs with the first policy's processor", "give the roles that see a policy of the first one's family")
+
+
+def _model_config(path: str) -> Any:
+    """The model's config (None where it cannot be loaded here)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(os.path.expanduser(path))
+    except Exception:  # a hub model not cached: the model check above reports what matters
+        return None
 
 
 @functools.cache

@@ -56,6 +56,7 @@ def codecs_of(settings: Any, rollout_config: Any, first: Codec) -> dict[str, Cod
     has the first group's tokenizer, else one loaded from its group's model section."""
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import HFModelConfig
 
     custom = rollout_config.get("custom") or {}
     models = {group: OmegaConf.to_container(OmegaConf.create(section), resolve=True) if not isinstance(section, dict) else section
@@ -71,7 +72,9 @@ def codecs_of(settings: Any, rollout_config: Any, first: Codec) -> dict[str, Cod
         else:
             key = json.dumps(model, sort_keys=True, default=str)
             if key not in _loaded:
-                config = omega_conf_to_dataclass(OmegaConf.create(model))  # verl's HFModelConfig, as its worker loads its own
+                config = omega_conf_to_dataclass(OmegaConf.create(model), HFModelConfig)  # as verl's worker loads its own
+                if model.get("custom_chat_template"):  # verl sets it on the processor alone; prompts render through the tokenizer
+                    config.tokenizer.chat_template = model["custom_chat_template"]
                 _loaded[key] = Codec(config.tokenizer, config.processor)
             codec = _loaded[key]
         codecs.update(dict.fromkeys(policies, codec))

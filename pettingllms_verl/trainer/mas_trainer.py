@@ -97,7 +97,9 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         # others start from actor_rollout_ref as configured, never from the first group's.
         self._configured_actor_rollout_ref = copy.deepcopy(config.actor_rollout_ref)
         # each group's model section, for the episode workers: a policy of another model family renders its own prompts
-        models = {group: OmegaConf.to_container(policy_config(config, group).actor_rollout_ref.model, resolve=True) for group in self.group_policies}
+        # (without verl's _target_: the rollout config is instantiated in every worker, and these must stay data there)
+        models = {group: {key: value for key, value in OmegaConf.to_container(policy_config(config, group).actor_rollout_ref.model, resolve=True).items()
+                          if key != "_target_"} for group in self.group_policies}
         with open_dict(config):
             config.actor_rollout_ref = policy_config(config, self.first_group).actor_rollout_ref
             config.actor_rollout_ref.rollout.custom[MODELS_KEY] = models

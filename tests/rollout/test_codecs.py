@@ -13,7 +13,6 @@ from support.episodes import play_env
 
 TOOL_REPLY = "```python\nprint('R')\n```"  # the tool's program: its text reaches the planner's prompt
 PLAN_REPLY = "<answer>D</answer>"
-HF_MODEL = "verl.workers.config.HFModelConfig"
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +37,7 @@ class FamilyServer:
 def mixed_team(chatml: str, bracket: str) -> tuple[dict, dict]:
     settings = {"policies": {"tool_policy": {"overrides": {"model": {"path": chatml}}}, "plan_policy": {"overrides": {"model": {"path": bracket}}}},
                 "roles": {"tool": {"policy": "tool_policy"}, "plan": {"policy": "plan_policy"}}}
-    custom = {"policy": "tool_policy", MODELS_KEY: {"tool_policy": {"_target_": HF_MODEL, "path": chatml},
-                                                    "plan_policy": {"_target_": HF_MODEL, "path": bracket}}}
+    custom = {"policy": "tool_policy", MODELS_KEY: {"tool_policy": {"path": chatml}, "plan_policy": {"path": bracket}}}
     return settings, custom
 
 
@@ -63,9 +61,9 @@ def test_each_roles_prompts_and_replies_are_in_its_own_policys_tokens_and_text_c
     assert [o.prompt_ids for o in rows["plan"]] == server.prompts["plan_policy"][:len(rows["plan"])]
 
 
-def test_a_policy_on_the_first_groups_tokenizer_shares_the_workers_own(tiny_model_dir, tmp_path):
-    """Two full models of one family (another folder, the same tokenizer files): no second tokenizer
-    is loaded; adapters and L0 always use the worker's."""
+def test_a_policy_on_the_first_groups_tokenizer_shares_the_workers_own(tiny_model_dir):
+    """Two full models whose tokenizer is the same folder: no second tokenizer is loaded; L0 (and
+    adapters, which live on the first group's base) always use the worker's."""
     settings, custom = mixed_team(tiny_model_dir, tiny_model_dir)
     own = Codec(AutoTokenizer.from_pretrained(tiny_model_dir))
     codecs = codecs_of(load(settings), {"custom": custom}, own)
