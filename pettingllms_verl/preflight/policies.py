@@ -56,16 +56,17 @@ def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[
     except SettingsError as error:
         raise settings_error(error) from None
     main_model = select(config, "actor_rollout_ref.model.path")
+    paths = {}  # policy -> its model path
     for name, policy in table.items():
         key = f"{SECTION}.policies.{name}"
         path = OmegaConf.select(OmegaConf.create(policy.overrides), "model.path")
         if path is not None:
             _check_model_path(f"{key}.overrides.model.path", path)
+        paths[name] = path or main_model
         if policy.pool == "own" and (policy.n_gpus_per_node == 0 or policy.nnodes == 0):
             raise ConfigError(f"{key}.n_gpus_per_node", "a pool of its own with no GPU", "give it at least one GPU, or pool: shared")
-    if any(OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") for policy in table.values()):
-        _check_families(config, settings, {name: OmegaConf.select(OmegaConf.create(policy.overrides), "model.path") or main_model
-                                           for name, policy in table.items()}, prompts)
+    if set(paths.values()) != {main_model}:  # some policy has a model of its own
+        _check_families(config, settings, paths, prompts)
     groups = settings.groups()
     if ADAPTER_GROUP in groups:
         _check_adapters(config, settings, groups)
@@ -86,7 +87,7 @@ def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[
 
 def _check_image_roles(config: DictConfig, settings: Any, roles: list[str], views: list[tuple[str | None, DictConfig]]) -> None:
     """Roles shown images (the env option image_roles) need a vision-language model with its processor."""
-    from transformers import AutoConfig, AutoProcessor
+    from transformers import AutoProcessor
 
     from pettingllms_verl.config import SECTION
 
@@ -97,10 +98,7 @@ def _check_image_roles(config: DictConfig, settings: Any, roles: list[str], view
         """The policy's model path and its config (None where it does not load here: a hub model not
         cached, a folder without a config; the model path checks report what matters)."""
         path = OmegaConf.select(OmegaConf.create(table[policy].overrides), "model.path") or select(config, "actor_rollout_ref.model.path")
-        try:
-            return path, AutoConfig.from_pretrained(os.path.expanduser(path))
-        except Exception:
-            return path, None
+        return path, _model_config(path)
 
     first = next(iter(table))  # its model's processor renders every prompt (verl's agent loop is built from the first policy)
     renderer, model = model_of(first)
@@ -324,6 +322,7 @@ def same_family(first: str, other: str) -> bool:
     return ours is None or theirs is None or _renders_for(ours, theirs)
 
 
+@functools.cache
 def _tokenizer_vocab(path: str) -> dict | None:
     """A tokenizer's vocabulary and special tokens (None where it cannot be loaded here)."""
     tokenizer = _tokenizer(path)

@@ -54,13 +54,12 @@ def tokenizer_source(model: dict) -> tuple[str, Any]:
 def codecs_of(settings: Any, rollout_config: Any, first: Codec) -> dict[str, Codec]:
     """policy -> the codec its roles use: ``first`` (the worker's own) for every policy whose model
     has the first group's tokenizer, else one loaded from its group's model section."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
 
     custom = rollout_config.get("custom") or {}
-    models = {group: OmegaConf.to_container(OmegaConf.create(section), resolve=True) if not isinstance(section, dict) else section
-              for group, section in (custom.get(MODELS_KEY) or {}).items()}
+    models = custom.get(MODELS_KEY) or {}  # read as they come (a worker builds this loop per episode); converted only to load one
     groups = settings.groups()
     first_group = str(custom.get("policy") or next(iter(groups)))
     own = tokenizer_source(models[first_group]) if first_group in models else None
@@ -70,6 +69,7 @@ def codecs_of(settings: Any, rollout_config: Any, first: Codec) -> dict[str, Cod
         if model is None or tokenizer_source(model) == own:
             codec = first
         else:
+            model = OmegaConf.to_container(model, resolve=True) if isinstance(model, DictConfig) else dict(model)
             key = json.dumps(model, sort_keys=True, default=str)
             if key not in _loaded:
                 config = omega_conf_to_dataclass(OmegaConf.create(model), HFModelConfig)  # as verl's worker loads its own

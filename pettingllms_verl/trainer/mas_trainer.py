@@ -54,7 +54,7 @@ from pettingllms_verl.config import ADAPTER_GROUP, NULL_REWARD_PERMUTE, ROW_TEMP
 from pettingllms_verl.episodes.tags import SWAPPED_KWARG
 from pettingllms_verl.files import write_whole
 from pettingllms_verl.placement import PLACEMENT, name_actors, named_by_ray, nodes_of, refusal, who
-from pettingllms_verl.rollout.codecs import MODELS_KEY
+from pettingllms_verl.rollout.codecs import MODELS_KEY, tokenizer_source
 from pettingllms_verl.rollout.faults import STOPPED, FaultTally, RunStopped
 from pettingllms_verl.trainer import rendezvous
 from pettingllms_verl.trainer.batching import PolicyBatching, check_groups_within_policies
@@ -98,10 +98,11 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         self._configured_actor_rollout_ref = copy.deepcopy(config.actor_rollout_ref)
         # each group's model section, for the episode workers: a policy of another model family renders its own prompts
         # (without verl's _target_: the rollout config is instantiated in every worker, and these must stay data there)
-        models = {group: {key: value for key, value in OmegaConf.to_container(policy_config(config, group).actor_rollout_ref.model, resolve=True).items()
-                          if key != "_target_"} for group in self.group_policies}
+        views = {group: policy_config(config, group).actor_rollout_ref for group in self.group_policies}
+        models = {group: {key: value for key, value in OmegaConf.to_container(view.model, resolve=True).items() if key != "_target_"}
+                  for group, view in views.items()}
         with open_dict(config):
-            config.actor_rollout_ref = policy_config(config, self.first_group).actor_rollout_ref
+            config.actor_rollout_ref = views[self.first_group]
             config.actor_rollout_ref.rollout.custom[MODELS_KEY] = models
         self.groups: dict[str, PolicyGroup] = {}
         rendezvous.install()  # before verl's _setup creates the first worker group
@@ -249,7 +250,10 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         sync_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
         sync_config.backend = "naive"  # as verl's own sync trainer
         sync = CheckpointEngineManager(config=sync_config, actor_wg=group, replicas=servers.get_replicas())
-        tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer  # its model family's, as its workers load it
+        model = config.actor_rollout_ref.model
+        # another model family's tokenizer, as its workers load it; the trainer's own where the tokenizer is the first group's
+        same = tokenizer_source(model) == tokenizer_source(self.config.actor_rollout_ref.model)
+        tokenizer = None if same else omega_conf_to_dataclass(model).tokenizer
         return self._group(name, config, group, servers, sync, critic, tokenizer)
 
     def _critic_class(self, config):
