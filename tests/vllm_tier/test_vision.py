@@ -113,6 +113,7 @@ def test_an_image_over_the_processors_limit_is_resized_and_one_over_the_prompt_b
 
     from pettingllms_verl.envs.images import image_part
     from pettingllms_verl.rollout.agent_loop import EpisodeAgentLoop
+    from pettingllms_verl.rollout.codecs import Codec
     from pettingllms_verl.episodes.core import PromptTooLong
 
     env = envs.make("plan_path", size=6, image_roles=["plan"])
@@ -120,13 +121,13 @@ def test_an_image_over_the_processors_limit_is_resized_and_one_over_the_prompt_b
     messages = env.observation("plan")
     huge = Image.new("RGB", (2800, 2800), (200, 30, 30))
     messages[-1]["content"] = [image_part(huge) if part["type"] == "image" else part for part in messages[-1]["content"]]
-    loop = SimpleNamespace(processor=processor, tokenizer=processor.tokenizer, prompt_length=1024, apply_chat_template_kwargs={})
-    ids = EpisodeAgentLoop.render(loop, messages)
+    loop = SimpleNamespace(prompt_length=1024, apply_chat_template_kwargs={})
+    ids = EpisodeAgentLoop.render(loop, Codec(processor.tokenizer, processor), messages)
     assert ids.count(processor.image_token_id) == image_tokens() == 9  # resized to the processor's bound, 84 x 84 pixels
     generous = copy.deepcopy(processor)  # a processor that keeps the image whole: (2800 / 28)^2 = 10,000 tokens
     generous.image_processor.size = {"shortest_edge": 84 * 84, "longest_edge": 2800 * 2800}
     with pytest.raises(PromptTooLong, match="10[0-9]{3}-token prompt exceeds data.max_prompt_length=1024"):
-        EpisodeAgentLoop.render(SimpleNamespace(**{**vars(loop), "processor": generous}), messages)
+        EpisodeAgentLoop.render(loop, Codec(generous.tokenizer, generous), messages)
 
 
 def test_the_engine_samples_image_prompts_with_their_own_log_probs_beside_text_prompts(processor, model, chat_ids):
