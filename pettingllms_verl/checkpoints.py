@@ -5,6 +5,7 @@ archive read it. One layout, named here::
         latest_checkpointed_iteration.txt   TRACKER: the last complete step (verl's tracker file)
         global_step_N/                      a step, written as global_step_N.partial and renamed once whole
             policies/<group>/               POLICIES_DIR: verl's checkpoint of each worker group
+                huggingface/                HF_DIR: verl's copy of the group's model config and tokenizer
                 lora_adapters/<name>/       EXPORT_DIR: the adapter group's adapters, each in peft format
             critics/<group>/                CRITICS_DIR: the value model of each group that has one (gae)
             data.pt                         DATA_STATE: the training dataloader's position
@@ -27,6 +28,8 @@ CRITICS_DIR = "critics"
 DATA_STATE = "data.pt"
 VAL_METRICS = "val_metrics.json"
 QUEUE_DIR = "transfer_queue"
+HF_DIR = "huggingface"
+MODEL_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")  # what makes two model configs one model
 
 
 def step_folder(root: str | os.PathLike, step: int) -> str:
@@ -44,3 +47,23 @@ def steps_in(root: str | os.PathLike) -> list[int]:
     """The steps saved whole in a run's checkpoint folder, in order."""
     names = os.listdir(root) if os.path.isdir(root) else []
     return sorted(step for name in names if (step := step_of(name)) is not None)
+
+
+def resume_folder(mode: str, resume_from_path: str | None, default_local_dir: str | None) -> str | None:
+    """The step folder a run resumes from, as verl's ``trainer.resume_mode`` defines it (``auto``: the
+    step TRACKER names in ``trainer.default_local_dir``; ``resume_path``: ``trainer.resume_from_path``;
+    ``disable``), or None. A bad value raises ValueError naming the key."""
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        if step_of(str(resume_from_path)) is None:
+            raise ValueError(f"trainer.resume_from_path={resume_from_path!r}: name a global_step_N folder")
+        return os.path.abspath(str(resume_from_path))
+    if mode != "auto":
+        raise ValueError(f"trainer.resume_mode={mode!r}: use auto, resume_path or disable")
+    if not default_local_dir or not os.path.isfile(os.path.join(default_local_dir, TRACKER)):
+        return None  # a fresh run (verl's reader would say so on stdout)
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    return find_latest_ckpt_path(os.path.abspath(default_local_dir))
+

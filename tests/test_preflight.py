@@ -244,6 +244,36 @@ def test_policies_of_two_model_families_pass_and_what_cannot_mix_is_refused_nami
     assert error.value.key == "pettingllms.env_kwargs.image_roles"
 
 
+def test_a_resumed_step_of_another_model_than_its_policy_is_refused_naming_the_key(tmp_path, plan_path_rows, tiny_model_dir):
+    """Resuming loads each group's weights from the step (a frozen policy's too): a group saved from
+    another tokenizer family (the same shapes: its weights would read other text) or another
+    architecture than its policy's model now is refused before Ray, naming the model's key."""
+    import shutil
+
+    from pettingllms_verl.models.tiny import build
+
+    other = build(str(tmp_path / "bracket"), seed=0, family="bracket")
+    runs = tmp_path / "checkpoints"
+    saved = runs / "global_step_1" / "policies" / "b" / "huggingface"
+    shutil.copytree(other, saved)
+    shutil.copy(os.path.join(tiny_model_dir, "config.json"), saved / "config.json")  # the same architecture, another vocabulary
+    (runs / "latest_checkpointed_iteration.txt").write_text("1")
+    resumed = {"actor_rollout_ref.model.path": tiny_model_dir, "trainer.default_local_dir": str(runs)}
+    with pytest.raises(ConfigError, match=r"resumes .*global_step_1 \(trainer.resume_mode=auto\), whose group 'b' was trained from another "
+                                          r"model than .* \(another tokenizer: another model family\)") as error:
+        check(two_policies(tmp_path, plan_path_rows, **resumed))
+    assert error.value.key == "actor_rollout_ref.model.path"  # b (frozen here) takes the run's model
+    check(two_policies(tmp_path, plan_path_rows, **resumed, **{"trainer.resume_mode": "disable"}))  # a fresh start reads no step
+    shutil.copy(os.path.join(other, "config.json"), saved / "config.json")  # as saved: the bracket model's own config
+    with pytest.raises(ConfigError, match=r"\(vocab_size: 768 vs 1024\)") as error:
+        check(two_policies(tmp_path, plan_path_rows, **resumed, **{"pettingllms.policies.b.overrides.model.path": tiny_model_dir}))
+    assert error.value.key == "pettingllms.policies.b.overrides.model.path"
+    check(two_policies(tmp_path, plan_path_rows, **resumed, **{"pettingllms.policies.b.overrides.model.path": other}))  # its own model: resumed
+    with pytest.raises(ConfigError, match="name a global_step_N folder") as error:
+        check(two_policies(tmp_path, plan_path_rows, **resumed, **{"trainer.resume_mode": "resume_path", "trainer.resume_from_path": str(runs)}))
+    assert error.value.key == "trainer.resume_from_path"
+
+
 def test_a_misspelt_env_option_is_refused_naming_the_options(tmp_path, plan_path_rows):
     check(two_policies(tmp_path, plan_path_rows, **{"pettingllms.env_kwargs.max_turns": 2}))
     with pytest.raises(ConfigError, match="plan_path: unknown option 'max_turn'; its options are .*max_turns: turns per episode") as error:

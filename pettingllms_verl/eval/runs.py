@@ -23,10 +23,10 @@ from pettingllms_verl import artifacts
 from pettingllms_verl.backends.cpu import usable_cores
 from pettingllms_verl.checkpoints import EXPORT_DIR, POLICIES_DIR, VAL_METRICS, step_of, steps_in, step_folder
 from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load
+from pettingllms_verl.preflight.policies import same_family, saved_model_differs
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package
 SUCCESS_KEY = re.compile(r"^val-core/[^/]+/reward/mean@\d+$")  # episode success per data source (not swap/)
-MODEL_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")  # what makes two configs one model
 
 
 class EvalError(ValueError):
@@ -182,14 +182,10 @@ def check_checkpoint(step_dir: str, cfg: DictConfig, recipe: str) -> None:
                 f"checkpoint {step_dir}: no policy {group!r} of recipe {recipe} (it holds {saved or 'no policies/ folder'}); "
                 "evaluate it with the recipe it was trained with"
             )
-        saved_config = os.path.join(folder, "huggingface", "config.json")
-        if not os.path.isfile(saved_config):
-            continue  # verl wrote no model config (an old checkpoint): the load itself will tell
-        saved, ours = json.load(open(saved_config)), json.load(open(os.path.join(model, "config.json")))
-        differ = {key: (saved.get(key), ours.get(key)) for key in MODEL_FIELDS if saved.get(key) != ours.get(key)}
+        differ = saved_model_differs(folder, model)
         if differ:
             raise EvalError(
-                f"checkpoint {folder}: another model than {model} of recipe {recipe} ({', '.join(f'{k}: {a} vs {b}' for k, (a, b) in differ.items())}); "
+                f"checkpoint {folder}: another model than {model} of recipe {recipe} ({differ}); "
                 "evaluate it with the recipe (and actor_rollout_ref.model.path) it was trained with"
             )
 
@@ -208,8 +204,6 @@ def swap_pair(cfg: DictConfig, swap: list[str] | None) -> list[str] | None:
 
 def across_families(cfg: DictConfig, pair: list[str]) -> bool:
     """Whether two policies' models have different tokenizers (two model families)."""
-    from pettingllms_verl.preflight.policies import same_family
-
     models, groups = policy_models(cfg), load(cfg.get(SECTION)).groups()
     group_of = {policy: group for group, policies in groups.items() for policy in policies}
     a, b = (models[group_of[name]] for name in pair)

@@ -67,6 +67,7 @@ def _check_policies(config: DictConfig, settings: Any, views: Callable[[], list[
             raise ConfigError(f"{key}.n_gpus_per_node", "a pool of its own with no GPU", "give it at least one GPU, or pool: shared")
     if set(paths.values()) != {main_model}:  # some policy has a model of its own
         _check_families(config, settings, paths, prompts)
+    _check_resumed_models(config, settings, paths)
     groups = settings.groups()
     if ADAPTER_GROUP in groups:
         _check_adapters(config, settings, groups)
@@ -291,6 +292,54 @@ def _check_families(config: DictConfig, settings: Any, paths: dict[str, str], pr
     if seeing:
         raise ConfigError(f"{SECTION}.env_kwargs.image_roles", f"roles {seeing} are shown images, and {what}: verl's episode worker "
                           "turns every image into model inputs with the first policy's processor", "give the roles that see a policy of the first one's family")
+
+
+def _check_resumed_models(config: DictConfig, settings: Any, paths: dict[str, str]) -> None:
+    """A run that resumes loads each worker group's weights from the step it resumes (a frozen policy's
+    too): each must be the model its policy names now. Another architecture or tokenizer family fails
+    in a worker after Ray started, or (the same shapes, another vocabulary) trains on tokens read as
+    other text. ``paths``: policy -> its model path."""
+    from pettingllms_verl.checkpoints import POLICIES_DIR, resume_folder
+    from pettingllms_verl.config import SECTION
+
+    mode = select(config, "trainer.resume_mode") or "auto"  # verl's default
+    try:
+        step = resume_folder(mode, select(config, "trainer.resume_from_path"), select(config, "trainer.default_local_dir"))
+    except ValueError as error:  # its message starts with the key
+        raise ConfigError(str(error).split("=", 1)[0], str(error), "set trainer.resume_mode to auto, disable, or resume_path with "
+                          "trainer.resume_from_path a global_step_N folder") from None
+    if step is None:
+        return
+    table = settings.policy_table()
+    for group, policies in settings.groups().items():
+        differ = saved_model_differs(os.path.join(step, POLICIES_DIR, group), paths[policies[0]])
+        if differ:
+            override = OmegaConf.select(OmegaConf.create(table[policies[0]].overrides), "model.path") is not None
+            raise ConfigError(
+                f"{SECTION}.policies.{policies[0]}.overrides.model.path" if override else "actor_rollout_ref.model.path",
+                f"the run resumes {step} (trainer.resume_mode={mode}), whose group {group!r} was trained from another model than "
+                f"{paths[policies[0]]} ({differ})", "name the model that step was trained from, or start afresh: "
+                "trainer.resume_mode=disable or another trainer.default_local_dir",
+            )
+
+
+def saved_model_differs(group_dir: str, model: str) -> str | None:
+    """How the model a worker group's checkpoint (``group_dir``) was saved from differs from the model
+    at ``model``, read from verl's copy of its config and tokenizer there (HF_DIR): the config fields
+    of MODEL_FIELDS, or another tokenizer (model family); None where they agree, or where the
+    checkpoint kept no copy (an old or an archived one: the load itself tells)."""
+    import json
+
+    from pettingllms_verl.checkpoints import HF_DIR, MODEL_FIELDS
+
+    saved_dir = os.path.join(group_dir, HF_DIR)
+    if not os.path.isfile(os.path.join(saved_dir, "config.json")) or not os.path.isfile(os.path.join(model, "config.json")):
+        return None
+    saved, ours = json.load(open(os.path.join(saved_dir, "config.json"))), json.load(open(os.path.join(model, "config.json")))
+    differ = {key: (saved.get(key), ours.get(key)) for key in MODEL_FIELDS if saved.get(key) != ours.get(key)}
+    if differ:
+        return ", ".join(f"{key}: {a} vs {b}" for key, (a, b) in differ.items())
+    return None if same_family(model, saved_dir) else "another tokenizer: another model family"
 
 
 def _model_config(path: str) -> Any:

@@ -15,10 +15,9 @@ import ray
 import torch
 import transfer_queue as tq
 from verl.trainer.ppo.v1.trainer_base import _count_tq_prompt_groups
-from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
-from pettingllms_verl.checkpoints import (CRITICS_DIR, DATA_STATE, PARTIAL_SUFFIX, POLICIES_DIR, QUEUE_DIR, TRACKER, step_folder, step_of,
-                                          steps_in)
+from pettingllms_verl.checkpoints import (CRITICS_DIR, DATA_STATE, PARTIAL_SUFFIX, POLICIES_DIR, QUEUE_DIR, TRACKER, resume_folder, step_folder,
+                                          step_of, steps_in)
 from pettingllms_verl.config import SECTION
 from pettingllms_verl.files import write_whole
 from pettingllms_verl.placement import actors_of, blind_nodes
@@ -125,12 +124,4 @@ class PolicyCheckpoints:
     def _resume_folder(self) -> str | None:
         """The step folder to resume from (verl's resume_mode semantics), or None."""
         trainer = self.config.trainer
-        if trainer.resume_mode == "disable":
-            return None
-        if trainer.resume_mode == "resume_path":
-            if step_of(str(trainer.resume_from_path)) is None:
-                raise ValueError(f"trainer.resume_from_path={trainer.resume_from_path!r}: name a global_step_N folder")
-            return os.path.abspath(trainer.resume_from_path)
-        if trainer.resume_mode != "auto":
-            raise ValueError(f"trainer.resume_mode={trainer.resume_mode!r}: use auto, resume_path or disable")
-        return find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
+        return resume_folder(trainer.resume_mode, trainer.get("resume_from_path"), trainer.default_local_dir)
