@@ -33,6 +33,10 @@ from pettingllms_verl.envs.base import IGNORED, SANDBOX_RUNS, Env, StepResult
 from pettingllms_verl.envs.images import message_images
 from pettingllms_verl.envs.text import Messages
 
+# A tree node's K branches are sampled at most this many times to come from one weight version (an
+# asynchronous trainer's push lands between two of them only at a step's end; after the last try the
+# node keeps what it has): the environments' nodes (rollout/agent_loop.py) and the programs' alike
+NODE_TRIES = 4
 # (role, prompt ids, n) -> n (token ids, log-probs) replies, sampled independently; a prompt with
 # images (PIL, in the order of its image tokens) is also given them, as the keyword images
 Generate = Callable[..., Awaitable[list[tuple[list[int], list[float]]]]]

@@ -22,6 +22,9 @@ random ids in prompts; agents may run concurrently, each agent's calls in a fixe
 replay that asks something else at a cached call, or does not reach the node's call with the same
 prompt, diverged: it is counted (``Episode.program['diverged']``), leaves the node, and its own
 sampled calls train as an independent run's (node ``"x"``, grouped by problem, n and agent).
+Under an asynchronous trainer a node's K branch calls come from one weight version: where a push
+split them (branch 0's call was sampled by a run before it), the node's K runs are played again from
+its prefix, at most ``NODE_TRIES`` times (``Episode.program['resampled_nodes']``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pettingllms_verl.programs.gateway import ChatRequest, Gateway, GatewayError, completion
 from pettingllms_verl.programs.program import Outcome, ProgramFailed, outcome, run_program, run_slot
 from pettingllms_verl.config import ProgramConfig
-from pettingllms_verl.episodes.core import EngineDead, Episode, PromptTooLong, Sample, best_branch
+from pettingllms_verl.episodes.core import NODE_TRIES, EngineDead, Episode, PromptTooLong, Sample, best_branch
 from pettingllms_verl.episodes.tags import ERRORS
 from pettingllms_verl.targets import load_target
 
@@ -50,13 +53,15 @@ RENDERS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pettingllms-rend
 @dataclass
 class Reply:
     """A sampled reply: token ids and log-probs as the engine gave them, the assistant message the
-    program receives, and the temperature it was sampled at when the program set one."""
+    program receives, the temperature it was sampled at when the program set one, and the weight
+    versions its tokens came from (where the server reports them: an asynchronous trainer's)."""
 
     response_ids: list[int]
     log_probs: list[float]
     message: dict
     finish_reason: str
     temperature: float | None = None
+    versions: frozenset[int] = frozenset()
 
 
 async def assistant_reply(request: ChatRequest, n: int, ids: list[int], log_probs: list[float], max_tokens: int,
@@ -218,7 +223,7 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
                        render: Render, sample: SampleReply) -> Episode:
     """Play one episode of the program (K = 1: one run; K > 1: the replay tree above)."""
     agents = tuple(agents)
-    episode = Episode(program={"runs": 0, "calls": 0, "replayed_calls": 0, "diverged": 0})
+    episode = Episode(program={"runs": 0, "calls": 0, "replayed_calls": 0, "diverged": 0, "resampled_nodes": 0})
 
     async def runs(prefix: dict, count: int) -> list[Finished]:
         done = await asyncio.gather(*(_run_once(config, task, agents, door, render, sample, prefix) for _ in range(count)))
@@ -237,7 +242,7 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
         return episode
 
     branches = await runs({}, k)
-    path, played = "", []  # the keys of the nodes so far, in order
+    path, played, prefix, tries = "", [], {}, 0  # the keys of the nodes so far, in order; their calls; the node's samplings so far
     while True:
         failed = next((f for f in branches if f.outcome is None), None)
         if failed is not None:  # a fault ends the episode where it happened; the nodes before keep their samples
@@ -254,7 +259,18 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
             own = finished.run.keyed().get((at.agent, at.n))
             if index == 0 or (not finished.run.diverged and own is not None and not own.replayed and own.prompt_ids == at.prompt_ids):
                 kept.append((index, finished, own))
-            else:  # not replayable here: its sampled calls train as an independent run's
+        # the node's K branch calls are one AT-GRPO group: from one weight version, or all K runs again
+        # from the node's prefix (an asynchronous trainer pushed between them: branch 0's call came
+        # from the run before the push), as an environment's node is sampled again
+        tries += 1
+        if len({v for _, _, call in kept for v in call.reply.versions}) > 1 and tries < NODE_TRIES:
+            episode.program["resampled_nodes"] += 1
+            branches = await runs(prefix, k)
+            continue
+        tries = 0
+        at_node = {index for index, _, _ in kept}
+        for index, finished in enumerate(branches):
+            if index not in at_node:  # not replayable here: its sampled calls train as an independent run's
                 episode.program["diverged"] += finished.fault is None  # one stopped at its limit before this call asked nothing else
                 episode.samples.extend(
                     _sample(c, DIVERGED_NODE, 0, finished.outcome.reward(c.agent, alpha), finished.outcome, alpha)
@@ -276,4 +292,5 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
         if all(key in played for key in calls) or chosen.fault is not None:
             _end(episode, chosen)
             return episode
-        branches = [chosen, *await runs({key: calls[key] for key in played}, k - 1)]
+        prefix = {key: calls[key] for key in played}
+        branches = [chosen, *await runs(prefix, k - 1)]

@@ -16,6 +16,7 @@ import os
 import time
 import traceback
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -29,15 +30,12 @@ from pettingllms_verl.algo import AT_GRPO
 from pettingllms_verl.data.rows import EPISODE_AGENT, row_task
 from pettingllms_verl.envs.images import chat_inputs, data_uri
 from pettingllms_verl.rollout.codecs import Codec, codecs_of
-from pettingllms_verl.episodes.core import EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
+from pettingllms_verl.episodes.core import NODE_TRIES, EngineDead, Episode, PromptTooLong, Sample, episode_return, run_episode
 from pettingllms_verl.rollout.faults import TRACEBACK_CHARS
 from pettingllms_verl.episodes.tags import SWAPPED_KWARG
 from pettingllms_verl.targets import load_target
 
 logger = logging.getLogger(__name__)
-# A tree node's K branches sampled at most this many times to come from one weight version (a push
-# lands between two of them only at a step's end; after the last try the node keeps what it has)
-NODE_TRIES = 4
 VALIDATE_KWARG = "pettingllms_validate"  # injected by MASAgentLoopWorker: verl passes no such flag to run()
 _logged_causes: set[str] = set()  # each cause's first traceback is logged once per process
 
@@ -137,6 +135,11 @@ class EpisodeAgentLoop(AgentLoopBase):
         resampled = [0]  # tree nodes sampled again: their branches had come from two weight versions
 
         async def generate(role: str, prompt_ids: list[int], n: int, params: dict | None = None, images: list | None = None):
+            return (await sample_versions(role, prompt_ids, n, params, images))[0]
+
+        async def sample_versions(role: str, prompt_ids: list[int], n: int, params: dict | None = None, images: list | None = None):
+            """``n`` replies of ``role`` to one prompt, from one weight version where it can, and the
+            versions they came from."""
             params = params or self._sampling(sampling_params, role, validate)
             media = {"image_data": images} if images else {}
             for attempt in range(NODE_TRIES):
@@ -162,7 +165,7 @@ class EpisodeAgentLoop(AgentLoopBase):
             weight_versions[role].update(versions)
             for out in outputs:
                 served_by[role].add(out.extra_fields.get("policy"))
-            return [self._reply(codecs[role], out.token_ids, out.log_probs or []) for out in outputs]
+            return [self._reply(codecs[role], out.token_ids, out.log_probs or []) for out in outputs], versions
 
         def render(role: str, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
             return self.render(codecs[role], messages, tools)
@@ -172,7 +175,8 @@ class EpisodeAgentLoop(AgentLoopBase):
 
         if program:
             problem = {"env": name, "seed": seed, "task": task, "env_kwargs": dict(self.settings.env_kwargs)}
-            episode = await self._play_program(problem, sampling_params, validate, generate, render, codecs)
+            episode = await self._play_program(problem, sampling_params, validate, sample_versions, render, codecs)
+            resampled[0] += episode.program["resampled_nodes"]
         else:
             episode = await run_episode(
                 env,
@@ -231,21 +235,23 @@ class EpisodeAgentLoop(AgentLoopBase):
             outputs[-1].reward_score = episode_return(samples, episode.final_global_reward, self.settings.alpha)
         return outputs
 
-    async def _play_program(self, problem: dict, sampling_params: dict[str, Any], validate: bool, generate, render,
+    async def _play_program(self, problem: dict, sampling_params: dict[str, Any], validate: bool, sample_versions, render,
                             codecs: dict[str, Codec]) -> Episode:
         """An episode of the recipe's team program (``programs/episode.py``): each call it makes
         through the gateway is rendered with its agent's policy's chat template, sampled by that
-        policy and answered as a chat completion (tool calls parsed by verl's tool parser)."""
+        policy and answered as a chat completion (tool calls parsed by verl's tool parser), with
+        the weight version it came from (a tree node's K runs are held to one)."""
         config = self.settings.program
         door = await gateway(config.host, config.max_request_bytes)
 
         async def sample(request: ChatRequest, n: int, prompt_ids: list[int]) -> Reply:
             params = self._sampling(sampling_params, request.agent, validate, request.sampling)
-            ((ids, log_probs),) = await generate(request.agent, prompt_ids, 1, params)
+            ((ids, log_probs),), versions = await sample_versions(request.agent, prompt_ids, 1, params)
             codec = codecs[request.agent]
             parser = codec.tool_parser(self.rollout_config.multi_turn.format) if request.tools else None
-            return await assistant_reply(request, n, list(ids), list(log_probs), params["max_tokens"], codec.decode, parser,
-                                         codec.tokenizer.all_special_tokens)
+            reply = await assistant_reply(request, n, list(ids), list(log_probs), params["max_tokens"], codec.decode, parser,
+                                          codec.tokenizer.all_special_tokens)
+            return replace(reply, versions=frozenset(versions))
 
         return await play_program(config, problem, list(self.settings.roles), self.settings.branches(validate), self.settings.alpha,
                                   door, render, sample)

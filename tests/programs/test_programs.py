@@ -255,7 +255,7 @@ def test_every_call_of_a_run_is_a_sample_numbered_per_agent_with_its_agents_rewa
     assert all(s.chosen and s.node == "" and s.global_reward == (writer_reward + 1.0) / 2 for s in episode.samples)
     # the checker's prompt holds the writer's reply as the program received it
     assert render(None, [{"role": "user", "content": f"check {bytes(episode.samples[0].response_ids).decode()!r}"}]) == episode.samples[1].prompt_ids
-    assert episode.program == {"runs": 1, "calls": 4, "replayed_calls": 0, "diverged": 0}
+    assert episode.program == {"runs": 1, "calls": 4, "replayed_calls": 0, "diverged": 0, "resampled_nodes": 0}
 
 
 def test_a_sync_program_gives_the_team_reward_and_its_sampling_values_reach_the_model():
@@ -389,6 +389,38 @@ def test_a_tree_branches_each_call_k_ways_by_replaying_the_chosen_prefix():
     assert episode.program["runs"] == k + 3 * (k - 1)
     assert episode.program["replayed_calls"] == (k - 1) * (1 + 2 + 3) and episode.program["calls"] == 4 * (k + 3 * (k - 1))
     assert model.calls == 4 * k + (k - 1) * (3 + 2 + 1)  # every run samples from its node's call on
+
+
+class Pushed(Model):
+    """A stand-in policy whose weights are pushed after each call count in ``after``: each reply
+    carries the version it came from (the pushes before it)."""
+
+    def __init__(self, after, seed: int = 1):
+        super().__init__(seed)
+        self.after = after
+
+    async def __call__(self, request, n, prompt_ids) -> Reply:
+        reply = await super().__call__(request, n, prompt_ids)
+        return replace(reply, versions=frozenset({sum(self.calls > count for count in self.after)}))
+
+
+def test_a_node_whose_branches_a_weight_push_split_is_played_again_on_one_version():
+    """An asynchronous trainer's push between a node's K branch calls: its K runs are played again
+    from the node's prefix until they come from one version (at most NODE_TRIES samplings; then the
+    node keeps what it has), as an environment's node is sampled again."""
+    from pettingllms_verl.episodes.core import NODE_TRIES
+
+    k = 3
+    once = play(program("writer_and_checker"), k=k, model=Pushed(after=[2]))  # pushed after the 2nd call: node 0's K first calls straddle it
+    assert once.end_cause is None and once.program["resampled_nodes"] == 1
+    assert once.program["runs"] == 2 * k + 3 * (k - 1)  # node 0 played twice, every later node on one version
+    always = play(program("writer_and_checker"), k=k, model=Pushed(after=range(1000)))  # a push after every call: no node is ever whole
+    assert always.end_cause is None and always.program["resampled_nodes"] == 4 * (NODE_TRIES - 1)
+    for episode in (once, always):  # each node still K branches, one chosen
+        nodes: dict[str, list] = {}
+        for s in episode.samples:
+            nodes.setdefault(s.node, []).append(s)
+        assert len(nodes) == 4 and all(len(branches) == k and sum(s.chosen for s in branches) == 1 for branches in nodes.values())
 
 
 def test_a_replay_that_asks_something_else_is_counted_and_trained_as_an_independent_run():
