@@ -84,8 +84,9 @@ def warm_models_source() -> str:
 
 @pytest.fixture(scope="session")
 def warm_model():
-    """(env name, folder, vision=False) -> the folder, holding a copy of the tiny model (with
-    ``vision``, the tiny vision-language model: models/tiny_vl.py) warm-started on that env (seed 0).
+    """(env name, folder, vision=False, family="chatml") -> the folder, holding a copy of the tiny
+    model (with ``vision``, the tiny vision-language model: models/tiny_vl.py; ``family``, a tokenizer
+    family of models/tiny.py) warm-started on that env (seed 0).
     Each model is trained once and kept in ``$PETTINGLLMS_TEST_CACHE`` (default ``.cache/tests`` in the
     repository) under the sha256 of its source, shared by the xdist workers under a file lock and by
     later test runs (the vLLM tier, after the main tier): the code warm start alone takes ~3.5 min on 2 cores."""
@@ -100,8 +101,8 @@ def warm_model():
     cache.mkdir(parents=True, exist_ok=True)
     source = warm_models_source()
 
-    def copy(env: str, dest, vision: bool = False):
-        kind = f"warm_tiny_{'vl_' if vision else ''}model_{env}"
+    def copy(env: str, dest, vision: bool = False, family: str = "chatml"):
+        kind = f"warm_tiny_{'vl_' if vision else ''}{'' if family == 'chatml' else family + '_'}model_{env}"
         done = cache / f"{kind}_{source}"
         with FileLock(f"{done}.lock"):
             if not done.exists():
@@ -111,7 +112,7 @@ def warm_model():
                 partial = done.with_name(done.name + ".partial")  # renamed once whole: a crash leaves no half model
                 shutil.rmtree(partial, ignore_errors=True)
                 model = tiny_vl if vision else tiny
-                model.warm_start(model.build(str(partial), seed=0), env, seed=0)
+                model.warm_start(model.build(str(partial), seed=0, **({} if vision else {"family": family})), env, seed=0)
                 partial.rename(done)
         shutil.copytree(done, dest)
         return dest

@@ -6,67 +6,21 @@ import json
 import os
 import signal
 import sys
-from collections import defaultdict
 
 import pytest
 
 from pettingllms_verl.eval.reproduce.training import finished_steps
 
 from support import RECIPES, launch
+from support.asynchronous import ASYNC, PROBLEMS, assert_trained_asynchronously_within_bounds, rows_by_step
 from support.kill import kill_when, logged_steps
 from support.runs import dumped_rows, run_recipe
 
 pytestmark = pytest.mark.slow
-BOUND = 2  # trainer.v1.sampler.max_off_policy_threshold: a group trained at most 2 steps after its prompt went out
-ASYNC = ("trainer.v1.trainer_mode=mas_colocate_async", f"trainer.v1.sampler.max_off_policy_threshold={BOUND}")
-K = 4  # base/cpu_mas_atgrpo: branches per tree node
-PROBLEMS = 2  # its data.train_batch_size
 MIXED = (  # tool_policy a full model on a pool of its own (L2), plan_policy a LoRA adapter on the base (L1)
     "+pettingllms.policies.tool_policy.pool=own", "+pettingllms.policies.tool_policy.n_gpus_per_node=1",
     "ray_kwargs.ray_init.num_gpus=2", "+pettingllms.policies.plan_policy.adapter.rank=8",
 )
-
-
-
-def problem(row: dict) -> str:
-    return row["group"].split("|")[0]  # the problem's uid in verl's queue
-
-
-def assert_trained_asynchronously_within_bounds(metrics: list[dict], rows_by_step: dict[int, list[dict]], policies) -> None:
-    for m in metrics:
-        step, data = m["step"], m["data"]
-        for policy in policies:
-            assert data[f"policy/{policy}/rows"] > 0
-            assert 0 <= data[f"policy/{policy}/off_policy/staleness_max"] <= BOUND - 1
-        if step == 1:  # nothing was pushed before step 1: every reply is from the weights it trains
-            for policy in policies:
-                assert data[f"policy/{policy}/training/rollout_probs_diff_mean"] < 1e-5
-        assert data["training/off_policy/trajectory_staleness_worst/max"] <= BOUND - 1
-    for step, rows in rows_by_step.items():
-        for row in rows:
-            # each row records the versions its role's replies came from: pushed before this step, within the bound
-            assert row["mas_weight_versions"] and max(row["mas_weight_versions"]) <= step - 1
-            assert step - 1 - min(row["mas_weight_versions"]) <= BOUND - 1
-        # every AT-GRPO group whole: a tree node's K branches, all in this step
-        sizes = defaultdict(int)
-        for row in rows:
-            if not row["mas_placeholder"]:
-                sizes[row["group"]] += 1
-        assert set(sizes.values()) == {K}, sizes
-        assert len({problem(row) for row in rows}) == PROBLEMS
-    # a problem is trained in one step only
-    seen: dict[str, int] = {}
-    for step, rows in sorted(rows_by_step.items()):
-        for uid in {problem(row) for row in rows}:
-            assert uid not in seen, f"problem {uid} trained at steps {seen[uid]} and {step}"
-            seen[uid] = step
-
-
-def rows_by_step(dump) -> dict[int, list[dict]]:
-    by_step = defaultdict(list)
-    for name in os.listdir(dump):
-        by_step[int(name[5:-6])] = [json.loads(line) for line in open(dump / name)]
-    return dict(by_step)
 
 
 def test_a_model_per_role_beside_an_adapter_trains_asynchronously_and_resumes_its_episodes_under_way(artifacts):
