@@ -142,6 +142,9 @@ class PolicyConfig:
     n_gpus_per_node: int | None = key("pool=own: GPUs per node of its pool (default trainer.n_gpus_per_node)")
     nnodes: int | None = key("pool=own: nodes of its pool (default trainer.nnodes)")
     adapter: AdapterConfig | None = key("set: this policy is a LoRA adapter on actor_rollout_ref's model (L1)")
+    max_staleness: int | None = key("asynchronous trainers: the most weight pushes behind this policy's newest a reply it learns from may be "
+                                    "(0: only the weights it trains); older replies keep their groups whole but are not trained; "
+                                    "null: verl's bound (trainer.v1.sampler.max_off_policy_threshold - 1)")
 
     def own_pool(self, trainer_gpus_per_node: int, trainer_nnodes: int) -> list[int]:
         """GPUs per node of this policy's own pool (verl's resource-pool spec); [] on the shared pool."""
@@ -334,6 +337,10 @@ class PettingLLMsConfig:
                 raise SettingsError(f"{key}.n_gpus_per_node: only for pool=own (a shared policy uses the trainer's GPUs)")
             if policy.adapter is not None:
                 self._validate_adapter(key, name, policy)
+            if policy.max_staleness is not None and (policy.max_staleness < 0 or not policy.trainable):
+                raise SettingsError(f"{key}.max_staleness: {policy.max_staleness}; " + (
+                    "a frozen policy (trainable: false) learns from no reply; drop it" if policy.trainable is False
+                    else "pushes behind: 0 or more"))
             unknown = set(policy.overrides) - {"model", "actor", "ref", "rollout"}
             if unknown:
                 raise SettingsError(f"{key}.overrides: unknown sections {sorted(unknown)}; allowed: model, actor, ref, rollout")

@@ -274,6 +274,23 @@ def test_a_resumed_step_of_another_model_than_its_policy_is_refused_naming_the_k
     assert error.value.key == "trainer.resume_from_path"
 
 
+def test_a_policys_own_staleness_bound_needs_an_asynchronous_trainer_and_must_bite(tmp_path, plan_path_rows):
+    """``max_staleness``: refused where it can change nothing (a synchronous trainer, a bound at or
+    above verl's own, a frozen policy) or means nothing (below 0), naming the key."""
+    colocated = {"trainer.v1.trainer_mode": "mas_colocate_async", "trainer.v1.sampler.max_off_policy_threshold": 3}
+    check(two_policies(tmp_path, plan_path_rows, **colocated, **{"pettingllms.policies.a.max_staleness": 1}))
+    for overrides, problem in [
+        ({"pettingllms.policies.a.max_staleness": 0}, "0 with trainer.v1.trainer_mode=mas_sync: a synchronous trainer trains only"),
+        ({**colocated, "pettingllms.policies.a.max_staleness": 2}, "2 is not below verl's bound: trainer.v1.sampler.max_off_policy_threshold=3"),
+        ({**colocated, "pettingllms.policies.b.max_staleness": 0}, "a frozen policy (trainable: false) learns from no reply"),
+        ({**colocated, "pettingllms.policies.a.max_staleness": -1}, "pushes behind: 0 or more"),
+    ]:
+        with pytest.raises(ConfigError) as error:
+            check(two_policies(tmp_path, plan_path_rows, **overrides))
+        assert error.value.key == f"pettingllms.policies.{'b' if 'policies.b' in str(overrides) else 'a'}.max_staleness", str(error.value)
+        assert problem in str(error.value), str(error.value)
+
+
 def test_a_misspelt_env_option_is_refused_naming_the_options(tmp_path, plan_path_rows):
     check(two_policies(tmp_path, plan_path_rows, **{"pettingllms.env_kwargs.max_turns": 2}))
     with pytest.raises(ConfigError, match="plan_path: unknown option 'max_turn'; its options are .*max_turns: turns per episode") as error:

@@ -33,6 +33,7 @@ from pettingllms_verl.preflight.training import (
     _check_null_reward,
     _check_one_temperature,
     _check_registered,
+    _check_staleness_bounds,
     _check_trainer_mode,
     _registered_names,
 )
@@ -55,6 +56,7 @@ def check(config: DictConfig) -> None:
         _check_registered(config, key, names)
     _check_agreement(config, settings)
     if settings is not None:
+        _check_staleness_bounds(config, settings)
         _check_one_temperature(config, select(config, "trainer.v1.trainer_mode") in TRAINER_MODES, views(), settings)
     _check_vllm(config, views(), settings)
     _check_megatron(config, views())

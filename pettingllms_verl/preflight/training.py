@@ -6,7 +6,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pettingllms_verl.config import TRAINER_MODES
+from pettingllms_verl.config import SECTION, TRAINER_MODES
 from pettingllms_verl.preflight.common import ConfigError, needs_critic, select, where
 
 def _registered_names() -> dict[str, list[str]]:
@@ -46,6 +46,28 @@ def _check_trainer_mode(config: DictConfig) -> None:
                           "backend for, and the plugin does not yet push each policy's weights that way",
                           "use trainer.v1.trainer_mode=mas_colocate_async (rollout never waits for the slowest episode) "
                           "or mas_sync")
+
+
+def _check_staleness_bounds(config: DictConfig, settings: Any) -> None:
+    """A policy's own staleness bound (``max_staleness``) needs a trainer that trains older replies,
+    and bites only below verl's bound (which drops a problem past it)."""
+    bounded = {name: policy.max_staleness for name, policy in settings.policy_table().items() if policy.max_staleness is not None}
+    if not bounded:
+        return
+    name, bound = next(iter(bounded.items()))
+    key = f"{SECTION}.policies.{name}.max_staleness"
+    mode = select(config, "trainer.v1.trainer_mode")
+    if TRAINER_MODES.get(mode, "sync") == "sync":
+        raise ConfigError(key, f"{bound} with trainer.v1.trainer_mode={mode}: a synchronous trainer trains only replies of the "
+                          "weights it trains", "set trainer.v1.trainer_mode=mas_colocate_async, or drop it")
+    threshold = select(config, "trainer.v1.sampler.max_off_policy_threshold")
+    strategy = select(config, "trainer.v1.sampler.max_off_policy_strategy") or "drop"
+    over = {name: b for name, b in bounded.items() if threshold is not None and strategy == "drop" and b >= int(threshold) - 1}
+    if over:
+        name, bound = next(iter(over.items()))
+        raise ConfigError(f"{SECTION}.policies.{name}.max_staleness", f"{bound} is not below verl's bound: "
+                          f"trainer.v1.sampler.max_off_policy_threshold={threshold} already trains nothing older than "
+                          f"{int(threshold) - 1} pushes behind", f"lower it below {int(threshold) - 1}, or drop it")
 
 
 MAS_MANAGER = "pettingllms_verl.rollout.worker.MASAgentLoopManager"

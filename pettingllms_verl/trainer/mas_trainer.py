@@ -60,7 +60,7 @@ from pettingllms_verl.trainer import rendezvous
 from pettingllms_verl.trainer.batching import PolicyBatching, check_groups_within_policies
 from pettingllms_verl.trainer.checkpointing import PolicyCheckpoints
 from pettingllms_verl.trainer.critic import ValueModelWorker
-from pettingllms_verl.trainer.metrics import episode_metrics, explained_variance, policy_metrics, staleness
+from pettingllms_verl.trainer.metrics import episode_metrics, explained_variance, lag, policy_metrics, staleness
 from pettingllms_verl.trainer.multi_lora import ADAPTER_KEY, MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGroup, PolicyRouterClient
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker
@@ -357,6 +357,9 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
             batch = self._compute_advantage(batch, metrics=metrics, parts=parts)
         # the workers fetch the fields a batch lists: take the parts again, now with the advantages
         parts = {name: batch.select_keys(part.keys) for name, part in parts.items()}
+        for name, part in parts.items():
+            if name in trainable and self.policy_table[name].max_staleness is not None:
+                per_policy[name]["off_policy/untrained_rows"] = float(self._leave_untrained(part, tags, self.policy_table[name].max_staleness))
 
         if self.use_critic:
             with marked_timer("update_critic", timing_raw, color="pink"):
@@ -382,6 +385,18 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
                             self._update_actor(part, metrics=per_policy[name])
         metrics.update(policy_metrics(per_policy, trainable))
         return batch
+
+    def _leave_untrained(self, part: KVBatchMeta, tags: dict[str, dict], bound: int) -> int:
+        """A policy's own staleness bound (``max_staleness``): its rows sampled more than ``bound``
+        pushes behind keep their place in their groups (their advantages are the group's) but are
+        not trained: their response mask is zeroed, as a placeholder's is. Returns how many.
+        ``tags``: row key -> its tags (``_partition``'s; padding rows have none)."""
+        stale = [key for key in part.keys if (behind := lag(tags.get(key, {}), self.global_steps)) is not None and behind > bound]
+        if stale:
+            masks = tq.kv_batch_get(keys=stale, partition_id=part.partition_id, select_fields=["response_mask"])["response_mask"]
+            zeros = [{"response_mask": torch.zeros_like(mask)} for mask in masks.unbind(0)]
+            tq.kv_batch_put(keys=stale, partition_id=part.partition_id, fields=list_of_dict_to_tensordict(zeros))
+        return len(stale)
 
     def _put_row_temperatures(self, part: KVBatchMeta, tags: dict[str, dict]) -> None:
         """Each row's sampling temperature (its ``ROW_TEMPERATURE`` tag) as a field of the batch: the

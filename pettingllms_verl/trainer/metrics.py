@@ -77,14 +77,21 @@ def explained_variance(values: list[torch.Tensor], returns: list[torch.Tensor], 
     return float(1.0 - torch.var(ret - value) / (torch.var(ret) + 1e-5))
 
 
+def lag(tag: dict, global_steps: int) -> int | None:
+    """How many weight pushes behind its policy's newest a row's oldest reply was sampled (0: the
+    weights step ``global_steps`` trains; > 0 only in an asynchronous mode); None: a row without a
+    reply (a placeholder, a padding row). ``tag``: the row's tags (``mas_weight_versions``)."""
+    versions = tag.get("mas_weight_versions")
+    return global_steps - 1 - min(versions) if versions else None
+
+
 def staleness(tags: list[dict], global_steps: int) -> dict[str, float]:
-    """How many weight pushes behind its policy's newest a trainable policy's rows were sampled (0: the
-    weights step ``global_steps`` trains; > 0 only in an asynchronous mode), over the rows that hold a reply.
+    """``lag`` over a trainable policy's rows that hold a reply: its mean and max.
 
     Args:
         tags: (rows,) one policy's rows' tags (``mas_weight_versions``: the versions of its replies).
     """
-    lags = [global_steps - 1 - min(tag["mas_weight_versions"]) for tag in tags if tag.get("mas_weight_versions")]
+    lags = [value for tag in tags if (value := lag(tag, global_steps)) is not None]
     if not lags:
         return {}
     return {"off_policy/staleness_mean": float(np.mean(lags)), "off_policy/staleness_max": float(max(lags))}
@@ -92,14 +99,15 @@ def staleness(tags: list[dict], global_steps: int) -> dict[str, float]:
 
 def policy_metrics(per_policy: dict[str, dict[str, float]], trainable: set[str]) -> dict[str, float]:
     """``policy/<name>/...`` for every policy; verl's plain names (``actor/grad_norm``, ...) are the
-    mean over the trainable policies (over all when every policy is frozen); ``rows`` stays per policy."""
+    mean over the trainable policies (over all when every policy is frozen); row counts (``rows``,
+    ``off_policy/untrained_rows``) stay per policy."""
     averaged = [name for name in per_policy if name in trainable] or list(per_policy)
     metrics: dict[str, float] = {}
     plain: dict[str, list[float]] = defaultdict(list)
     for name, values in per_policy.items():
         for key, value in values.items():
             metrics[f"policy/{name}/{key}"] = value
-            if key != "rows" and name in averaged:
+            if key not in ("rows", "off_policy/untrained_rows") and name in averaged:
                 plain[key].append(value)
     metrics.update({key: float(np.mean(values)) for key, values in plain.items()})
     return metrics

@@ -17,16 +17,17 @@ from support.kill import kill_when, logged_steps
 from support.runs import dumped_rows, run_recipe
 
 pytestmark = pytest.mark.slow
-MIXED = (  # tool_policy a full model on a pool of its own (L2), plan_policy a LoRA adapter on the base (L1)
+MIXED = (  # tool_policy a full model on a pool of its own (L2) learning from fresh replies only, plan_policy a LoRA adapter on the base (L1)
     "+pettingllms.policies.tool_policy.pool=own", "+pettingllms.policies.tool_policy.n_gpus_per_node=1",
-    "ray_kwargs.ray_init.num_gpus=2", "+pettingllms.policies.plan_policy.adapter.rank=8",
+    "+pettingllms.policies.tool_policy.max_staleness=0", "ray_kwargs.ray_init.num_gpus=2", "+pettingllms.policies.plan_policy.adapter.rank=8",
 )
 
 
 def test_a_model_per_role_beside_an_adapter_trains_asynchronously_and_resumes_its_episodes_under_way(artifacts):
     """3 steps, SIGKILLed in step 3 once step 2 is logged (so saved), then the same command: the
     resumed run restores the problems under way at the kill (the warm-up batch the rollout ran
-    ahead by), trains step 3 on problems no earlier step trained, and every bound held throughout."""
+    ahead by), trains step 3 on problems no earlier step trained, and every bound held throughout;
+    tool_policy's own bound (0 pushes behind) leaves its older rows untrained, each counted."""
     recipe, dump = "plan_path_mas_full_cpu", artifacts / "mixed_batches"
     overrides = [*ASYNC, *MIXED, f"pettingllms.paths.batch_dump_dir={dump}", "trainer.total_training_steps=3"]
     metrics_path = artifacts / "mixed_killed.jsonl"
@@ -47,6 +48,10 @@ def test_a_model_per_role_beside_an_adapter_trains_asynchronously_and_resumes_it
     assert f"mas_colocate_async: {PROBLEMS} problems under way at step 2 restored" in result.stdout + result.stderr
     assert finished_steps(artifacts / "checkpoints" / recipe) == 3
     assert_trained_asynchronously_within_bounds(killed + resumed, rows_by_step(dump), ("tool_policy", "plan_policy"))
+    stale = {step: sum(row["mas_policy"] == "tool_policy" and bool(row["mas_weight_versions"]) and min(row["mas_weight_versions"]) < step - 1
+                       for row in rows) for step, rows in rows_by_step(dump).items()}
+    untrained = {m["step"]: m["data"]["policy/tool_policy/off_policy/untrained_rows"] for m in killed + resumed}
+    assert untrained == stale and sum(stale.values()) > 0, (untrained, stale)  # the warm-up batch's rows: sampled a push behind
     served = {(row["mas_role"], tuple(row["mas_served_by"])) for row in dumped_rows(dump)}
     assert served == {("tool", ("tool_policy",)), ("plan", ("plan_policy",))}
 

@@ -1,5 +1,5 @@
 """The asynchronous trainer's bookkeeping, without a launch: which replies a step may train on
-(``MASTrainer._check_versions``). The schedule itself runs through ``main_ppo`` in
+(``MASTrainer._check_versions``), and which a policy's own bound leaves untrained (``_leave_untrained``). The schedule itself runs through ``main_ppo`` in
 ``tests/e2e/test_async_e2e.py``."""
 
 from types import SimpleNamespace
@@ -41,3 +41,34 @@ def test_the_colocated_asynchronous_trainer_takes_older_replies_within_verls_sta
         unbounded._check_versions("row", "p", [0, 4])
         with pytest.raises(AssertionError):
             unbounded._check_versions("row", "p", [5])
+
+
+def test_a_policys_own_bound_leaves_its_older_replies_untrained_in_their_groups(monkeypatch):
+    """``pettingllms.policies.<name>.max_staleness``: at step 5 with bound 0, rows whose oldest reply
+    came from weights 3 or 2 (one and two pushes behind) get a zero response mask, as a placeholder's
+    (their groups' advantages stay as computed); fresh rows, placeholders and padding rows keep theirs."""
+    import torch
+
+    from pettingllms_verl.trainer import mas_trainer
+
+    masks = {key: torch.ones(3, dtype=torch.int64) for key in ("fresh", "one", "two", "placeholder", "padding")}
+
+    def get(keys, partition_id, select_fields):
+        assert select_fields == ["response_mask"]
+        return {"response_mask": torch.stack([masks[key] for key in keys])}
+
+    def put(keys, partition_id, fields):
+        for index, key in enumerate(keys):
+            masks[key] = fields["response_mask"][index]
+
+    monkeypatch.setattr(mas_trainer.tq, "kv_batch_get", get)
+    monkeypatch.setattr(mas_trainer.tq, "kv_batch_put", put)
+    tags = {"fresh": {"mas_weight_versions": [4]}, "one": {"mas_weight_versions": [3, 4]}, "two": {"mas_weight_versions": [2]},
+            "placeholder": {"mas_placeholder": True}}  # "padding": verl's copy of a row, no tags of its own
+    part = SimpleNamespace(keys=list(masks), partition_id="train")
+    colocated = trainer(MASColocateAsyncTrainer, step=5)
+    assert colocated._leave_untrained(part, tags, bound=1) == 1
+    assert [key for key, mask in masks.items() if not mask.any()] == ["two"]
+    assert colocated._leave_untrained(part, tags, bound=0) == 2
+    assert {key for key, mask in masks.items() if not mask.any()} == {"one", "two"}
+    assert masks["fresh"].tolist() == masks["placeholder"].tolist() == masks["padding"].tolist() == [1, 1, 1]
