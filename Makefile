@@ -169,8 +169,11 @@ reproduce-ppo: model-plan-path-demos $(REPRO_DATA)  ## MAS + PPO (a critic) on t
 
 # The model-per-role team trained asynchronously (mas_colocate_async, docs/async.md) beside the same team
 # trained synchronously, 3 seeds each at the same budget: does learning hold when the rollout runs ahead?
+# Its primary claim, declared before any "after" exists: async minus sync on the test split (within
+# noise is the bar: a difference whose interval holds 0).
 reproduce-async: model-plan-path-demos $(REPRO_DATA)  ## the model-per-role team trained asynchronously against synchronously, 3 seeds each
-	$(PY) -m pettingllms_verl.eval.reproduce --methods per_role,per_role_async --seeds 0,1,2 --splits test,confirm --out $(ARTIFACTS)/reproduce_async
+	$(PY) -m pettingllms_verl.eval.reproduce --methods per_role,per_role_async --seeds 0,1,2 --splits test,confirm \
+	  --primary per_role_async-per_role@test --out $(ARTIFACTS)/reproduce_async $(if $(REPRO_ASYNC_ARCHIVE),--archive $(REPRO_ASYNC_ARCHIVE))
 
 # The same team written as a LangGraph program, trained through the gateway with tree sampling by
 # replay, beside the native environment's team (mas): 3 seeds each, before and after, and the
