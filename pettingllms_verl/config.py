@@ -142,9 +142,9 @@ class PolicyConfig:
     n_gpus_per_node: int | None = key("pool=own: GPUs per node of its pool (default trainer.n_gpus_per_node)")
     nnodes: int | None = key("pool=own: nodes of its pool (default trainer.nnodes)")
     adapter: AdapterConfig | None = key("set: this policy is a LoRA adapter on actor_rollout_ref's model (L1)")
-    max_staleness: int | None = key("asynchronous trainers: the most weight pushes behind this policy's newest a reply it learns from may be "
-                                    "(0: only the weights it trains); older replies keep their groups whole but are not trained; "
-                                    "null: verl's bound (trainer.v1.sampler.max_off_policy_threshold - 1)")
+    max_staleness: int | None = key("asynchronous trainers: the most weight pushes behind this policy's newest its role's replies in an "
+                                    "episode may be for that episode's rows to train it (0: only the weights it trains); older rows keep "
+                                    "their groups whole but are not trained; null: verl's bound (trainer.v1.sampler.max_off_policy_threshold - 1)")
 
     def own_pool(self, trainer_gpus_per_node: int, trainer_nnodes: int) -> list[int]:
         """GPUs per node of this policy's own pool (verl's resource-pool spec); [] on the shared pool."""

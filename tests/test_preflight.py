@@ -274,6 +274,29 @@ def test_a_resumed_step_of_another_model_than_its_policy_is_refused_naming_the_k
     assert error.value.key == "trainer.resume_from_path"
 
 
+def test_a_vision_language_models_config_saved_nested_is_the_flat_one_it_was_loaded_from(tmp_path):
+    """verl saves a Qwen2-VL config as transformers loaded it (the text model's sizes under
+    text_config) where the model's own folder may hold them flat: the same model, not refused; a
+    size that differs still is."""
+    import json
+
+    from transformers import AutoConfig
+
+    from pettingllms_verl.preflight.policies import saved_model_differs
+
+    flat = tmp_path / "model"
+    flat.mkdir()
+    (flat / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 512,
+                                                  "num_attention_heads": 2, "intermediate_size": 128}))
+    config = AutoConfig.from_pretrained(flat)
+    config.save_pretrained(tmp_path / "same" / "huggingface")
+    assert "hidden_size" in json.load(open(tmp_path / "same" / "huggingface" / "config.json"))["text_config"]  # nested as saved
+    assert saved_model_differs(str(tmp_path / "same"), str(flat)) is None
+    config.get_text_config().hidden_size = 32
+    config.save_pretrained(tmp_path / "other" / "huggingface")
+    assert saved_model_differs(str(tmp_path / "other"), str(flat)) == "hidden_size: 32 vs 64"
+
+
 def test_a_policys_own_staleness_bound_needs_an_asynchronous_trainer_and_must_bite(tmp_path, plan_path_rows):
     """``max_staleness``: refused where it can change nothing (a synchronous trainer, a bound at or
     above verl's own, a frozen policy) or means nothing (below 0), naming the key."""

@@ -310,9 +310,12 @@ def _check_resumed_models(config: DictConfig, settings: Any, paths: dict[str, st
                           "trainer.resume_from_path a global_step_N folder") from None
     if step is None:
         return
-    table = settings.policy_table()
-    for group, policies in settings.groups().items():
-        differ = saved_model_differs(os.path.join(step, POLICIES_DIR, group), paths[policies[0]])
+    table, groups = settings.policy_table(), settings.groups()
+    for group, policies in groups.items():
+        folder = os.path.join(step, POLICIES_DIR, group)
+        if len(groups) == 1 and not os.path.isdir(folder):
+            folder = os.path.join(step, "actor")  # a one-policy checkpoint in verl's own layout (the trainer resumes it too)
+        differ = saved_model_differs(folder, paths[policies[0]])
         if differ:
             override = OmegaConf.select(OmegaConf.create(table[policies[0]].overrides), "model.path") is not None
             raise ConfigError(
@@ -327,16 +330,22 @@ def saved_model_differs(group_dir: str, model: str) -> str | None:
     """How the model a worker group's checkpoint (``group_dir``) was saved from differs from the model
     at ``model``, read from verl's copy of its config and tokenizer there (HF_DIR): the config fields
     of MODEL_FIELDS, or another tokenizer (model family); None where they agree, or where the
-    checkpoint kept no copy (an old or an archived one: the load itself tells)."""
-    import json
-
+    checkpoint kept no copy (an old or an archived one: the load itself tells). The sizes are read
+    from each config's text model: verl saves a vision-language model's config as transformers
+    loaded it, nested, where a model folder may hold the flat form."""
     from pettingllms_verl.checkpoints import HF_DIR, MODEL_FIELDS
 
-    saved_dir = os.path.join(group_dir, HF_DIR)
+    saved_dir, model = os.path.join(group_dir, HF_DIR), os.path.expanduser(model)
     if not os.path.isfile(os.path.join(saved_dir, "config.json")) or not os.path.isfile(os.path.join(model, "config.json")):
         return None
-    saved, ours = json.load(open(os.path.join(saved_dir, "config.json"))), json.load(open(os.path.join(model, "config.json")))
-    differ = {key: (saved.get(key), ours.get(key)) for key in MODEL_FIELDS if saved.get(key) != ours.get(key)}
+    saved, ours = _model_config(saved_dir), _model_config(model)
+    if saved is None or ours is None:  # a config transformers cannot read here (custom code): the load itself tells
+        return None
+
+    def field(config: Any, name: str) -> Any:
+        return config.model_type if name == "model_type" else getattr(config.get_text_config(), name, None)
+
+    differ = {key: (field(saved, key), field(ours, key)) for key in MODEL_FIELDS if field(saved, key) != field(ours, key)}
     if differ:
         return ", ".join(f"{key}: {a} vs {b}" for key, (a, b) in differ.items())
     return None if same_family(model, saved_dir) else "another tokenizer: another model family"

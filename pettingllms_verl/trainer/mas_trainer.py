@@ -357,9 +357,13 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
             batch = self._compute_advantage(batch, metrics=metrics, parts=parts)
         # the workers fetch the fields a batch lists: take the parts again, now with the advantages
         parts = {name: batch.select_keys(part.keys) for name, part in parts.items()}
+        idle = set()  # policies whose own staleness bound left none of this step's replies to learn from: no update (no decay, no step)
         for name, part in parts.items():
             if name in trainable and self.policy_table[name].max_staleness is not None:
-                per_policy[name]["off_policy/untrained_rows"] = float(self._leave_untrained(part, tags, self.policy_table[name].max_staleness))
+                untrained, replies = self._leave_untrained(part, tags, self.policy_table[name].max_staleness)
+                per_policy[name]["off_policy/untrained_rows"] = float(untrained)
+                if untrained and untrained == replies:
+                    idle.add(name)
 
         if self.use_critic:
             with marked_timer("update_critic", timing_raw, color="pink"):
@@ -373,30 +377,33 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
                     per_policy[name]["critic/vf_explained_var"] = explained_variance(
                         *(list(rows[field].unbind(0)) for field in ("values", "returns", "response_mask"))
                     )
-                    if self.policy_table[name].trainable:
+                    if self.policy_table[name].trainable and name not in idle:
                         with self._serving(group):
                             self._update_critic(part, metrics=per_policy[name])
         if self.config.trainer.critic_warmup <= self.global_steps:
             with marked_timer("update_actor", timing_raw, color="red"):
                 for name, part in parts.items():
-                    if self.policy_table[name].trainable:
+                    if self.policy_table[name].trainable and name not in idle:
                         with self._serving(self._group_of(name)):
                             self._name_adapter(part, name)
                             self._update_actor(part, metrics=per_policy[name])
         metrics.update(policy_metrics(per_policy, trainable))
         return batch
 
-    def _leave_untrained(self, part: KVBatchMeta, tags: dict[str, dict], bound: int) -> int:
-        """A policy's own staleness bound (``max_staleness``): its rows sampled more than ``bound``
-        pushes behind keep their place in their groups (their advantages are the group's) but are
-        not trained: their response mask is zeroed, as a placeholder's is. Returns how many.
-        ``tags``: row key -> its tags (``_partition``'s; padding rows have none)."""
-        stale = [key for key in part.keys if (behind := lag(tags.get(key, {}), self.global_steps)) is not None and behind > bound]
+    def _leave_untrained(self, part: KVBatchMeta, tags: dict[str, dict], bound: int) -> tuple[int, int]:
+        """A policy's own staleness bound (``max_staleness``): its rows whose role's replies in the
+        episode include one sampled more than ``bound`` pushes behind keep their place in their
+        groups (their advantages are the group's) but are not trained: their response and loss masks
+        are zeroed, as verl's padding rows' are (the loss is a mean over the loss mask's tokens).
+        Returns (rows left untrained, rows with a reply). ``tags``: row key -> its tags
+        (``_partition``'s; padding rows have none)."""
+        replies = [key for key in part.keys if not tags.get(key, {}).get("mas_placeholder") and lag(tags.get(key, {}), self.global_steps) is not None]
+        stale = [key for key in replies if lag(tags[key], self.global_steps) > bound]
         if stale:
             masks = tq.kv_batch_get(keys=stale, partition_id=part.partition_id, select_fields=["response_mask"])["response_mask"]
-            zeros = [{"response_mask": torch.zeros_like(mask)} for mask in masks.unbind(0)]
+            zeros = [{"response_mask": torch.zeros_like(mask), "loss_mask": torch.zeros_like(mask)} for mask in masks.unbind(0)]
             tq.kv_batch_put(keys=stale, partition_id=part.partition_id, fields=list_of_dict_to_tensordict(zeros))
-        return len(stale)
+        return len(stale), len(replies)
 
     def _put_row_temperatures(self, part: KVBatchMeta, tags: dict[str, dict]) -> None:
         """Each row's sampling temperature (its ``ROW_TEMPERATURE`` tag) as a field of the batch: the

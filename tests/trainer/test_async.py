@@ -52,6 +52,7 @@ def test_a_policys_own_bound_leaves_its_older_replies_untrained_in_their_groups(
     from pettingllms_verl.trainer import mas_trainer
 
     masks = {key: torch.ones(3, dtype=torch.int64) for key in ("fresh", "one", "two", "placeholder", "padding")}
+    loss_masks = dict(masks)  # verl's loss mask, a copy of the response mask: the loss is a mean over its tokens
 
     def get(keys, partition_id, select_fields):
         assert select_fields == ["response_mask"]
@@ -59,16 +60,16 @@ def test_a_policys_own_bound_leaves_its_older_replies_untrained_in_their_groups(
 
     def put(keys, partition_id, fields):
         for index, key in enumerate(keys):
-            masks[key] = fields["response_mask"][index]
+            masks[key], loss_masks[key] = fields["response_mask"][index], fields["loss_mask"][index]
 
     monkeypatch.setattr(mas_trainer.tq, "kv_batch_get", get)
     monkeypatch.setattr(mas_trainer.tq, "kv_batch_put", put)
     tags = {"fresh": {"mas_weight_versions": [4]}, "one": {"mas_weight_versions": [3, 4]}, "two": {"mas_weight_versions": [2]},
-            "placeholder": {"mas_placeholder": True}}  # "padding": verl's copy of a row, no tags of its own
+            "placeholder": {"mas_placeholder": True, "mas_weight_versions": [1]}}  # "padding": verl's copy of a row, no tags of its own
     part = SimpleNamespace(keys=list(masks), partition_id="train")
     colocated = trainer(MASColocateAsyncTrainer, step=5)
-    assert colocated._leave_untrained(part, tags, bound=1) == 1
-    assert [key for key, mask in masks.items() if not mask.any()] == ["two"]
-    assert colocated._leave_untrained(part, tags, bound=0) == 2
-    assert {key for key, mask in masks.items() if not mask.any()} == {"one", "two"}
-    assert masks["fresh"].tolist() == masks["placeholder"].tolist() == masks["padding"].tolist() == [1, 1, 1]
+    assert colocated._leave_untrained(part, tags, bound=1) == (1, 3)  # (rows left untrained, rows with a reply)
+    assert [key for key, mask in masks.items() if not mask.any()] == [key for key, mask in loss_masks.items() if not mask.any()] == ["two"]
+    assert colocated._leave_untrained(part, tags, bound=0) == (2, 3)
+    assert {key for key, mask in masks.items() if not mask.any()} == {key for key, mask in loss_masks.items() if not mask.any()} == {"one", "two"}
+    assert masks["fresh"].tolist() == masks["placeholder"].tolist() == masks["padding"].tolist() == loss_masks["fresh"].tolist() == [1, 1, 1]
