@@ -73,6 +73,7 @@ class Sample:
     snapshot: dict | None = None  # the branch's state after this reply (Env.snapshot), when the episode records them
     temperature: float | None = None  # set: the reply was sampled at this temperature (a program's request), not its role's
     images: list | None = None  # the prompt's images (PIL), in the order of its image tokens; None: a text prompt
+    versions: frozenset[int] = frozenset()  # a program's call: the weight versions its reply came from (an environment's: by role, in the loop)
 
 
 class PromptTooLong(ValueError):

@@ -200,7 +200,7 @@ def _sample(call: Call, node: str, branch: int, reward: float, outcome_: Outcome
     return Sample(
         prompt_ids=call.prompt_ids, response_ids=call.reply.response_ids, log_probs=call.reply.log_probs, turn=call.n,
         role=call.agent, node=node, branch=branch, local_reward=reward - team, global_reward=outcome_.team, reward=reward,
-        parse_ok=True, chosen=branch == 0 and node != DIVERGED_NODE, temperature=call.reply.temperature,
+        parse_ok=True, chosen=branch == 0 and node != DIVERGED_NODE, temperature=call.reply.temperature, versions=call.reply.versions,
     )
 
 
@@ -264,9 +264,15 @@ async def play_program(config: ProgramConfig, task: dict, agents: Sequence[str],
         # from the run before the push), as an environment's node is sampled again
         tries += 1
         if len({v for _, _, call in kept for v in call.reply.versions}) > 1 and tries < NODE_TRIES:
-            episode.program["resampled_nodes"] += 1
-            branches = await runs(prefix, k)
-            continue
+            again = await runs(prefix, k)
+            # branch 0 must be a run that followed the tree so far (replayed every node played): its calls are the path
+            faithful = next((i for i, f in enumerate(again) if f.outcome is not None and not f.run.diverged
+                             and all(key in f.run.keyed() for key in played)), None)
+            if faithful is not None:
+                episode.program["resampled_nodes"] += 1
+                branches = [again[faithful], *again[:faithful], *again[faithful + 1:]]
+                continue
+            tries = NODE_TRIES  # none did (a program that does not replay): the node keeps the runs it had
         tries = 0
         at_node = {index for index, _, _ in kept}
         for index, finished in enumerate(branches):

@@ -135,7 +135,9 @@ class EpisodeAgentLoop(AgentLoopBase):
         resampled = [0]  # tree nodes sampled again: their branches had come from two weight versions
 
         async def generate(role: str, prompt_ids: list[int], n: int, params: dict | None = None, images: list | None = None):
-            return (await sample_versions(role, prompt_ids, n, params, images))[0]
+            replies, versions = await sample_versions(role, prompt_ids, n, params, images)
+            weight_versions[role].update(versions)  # an environment's replies all train (a program's: those its samples keep)
+            return replies
 
         async def sample_versions(role: str, prompt_ids: list[int], n: int, params: dict | None = None, images: list | None = None):
             """``n`` replies of ``role`` to one prompt, from one weight version where it can, and the
@@ -162,7 +164,6 @@ class EpisodeAgentLoop(AgentLoopBase):
                 if len(versions) <= 1 or attempt == NODE_TRIES - 1:
                     break
                 resampled[0] += 1
-            weight_versions[role].update(versions)
             for out in outputs:
                 served_by[role].add(out.extra_fields.get("policy"))
             return [self._reply(codecs[role], out.token_ids, out.log_probs or []) for out in outputs], versions
@@ -177,6 +178,8 @@ class EpisodeAgentLoop(AgentLoopBase):
             problem = {"env": name, "seed": seed, "task": task, "env_kwargs": dict(self.settings.env_kwargs)}
             episode = await self._play_program(problem, sampling_params, validate, sample_versions, render, codecs)
             resampled[0] += episode.program["resampled_nodes"]
+            for sample in episode.samples:  # the versions of the calls that train, not of runs a resampled node dropped
+                weight_versions[sample.role].update(sample.versions)
         else:
             episode = await run_episode(
                 env,
