@@ -329,10 +329,10 @@ def _check_resumed_models(config: DictConfig, settings: Any, paths: dict[str, st
 def saved_model_differs(group_dir: str, model: str) -> str | None:
     """How the model a worker group's checkpoint (``group_dir``) was saved from differs from the model
     at ``model``, read from verl's copy of its config and tokenizer there (HF_DIR): the config fields
-    of MODEL_FIELDS, or another tokenizer (model family); None where they agree, or where the
-    checkpoint kept no copy (an old or an archived one: the load itself tells). The sizes are read
-    from each config's text model: verl saves a vision-language model's config as transformers
-    loaded it, nested, where a model folder may hold the flat form."""
+    of MODEL_FIELDS, or another tokenizer (model family) where it kept one; None where they agree,
+    or where the checkpoint kept no config (an old or an archived one: the load itself tells). The
+    sizes are read from each config's text model: verl saves a vision-language model's config as
+    transformers loaded it, nested, where a model folder may hold the flat form."""
     from pettingllms_verl.checkpoints import HF_DIR, MODEL_FIELDS
 
     saved_dir, model = os.path.join(group_dir, HF_DIR), os.path.expanduser(model)
@@ -348,7 +348,8 @@ def saved_model_differs(group_dir: str, model: str) -> str | None:
     differ = {key: (field(saved, key), field(ours, key)) for key in MODEL_FIELDS if field(saved, key) != field(ours, key)}
     if differ:
         return ", ".join(f"{key}: {a} vs {b}" for key, (a, b) in differ.items())
-    return None if same_family(model, saved_dir) else "another tokenizer: another model family"
+    kept_tokenizer = any(os.path.isfile(os.path.join(saved_dir, name)) for name in ("tokenizer.json", "tokenizer_config.json"))
+    return None if not kept_tokenizer or same_family(model, saved_dir) else "another tokenizer: another model family"
 
 
 def _model_config(path: str) -> Any:
