@@ -67,3 +67,10 @@ def resume_folder(mode: str, resume_from_path: str | None, default_local_dir: st
 
     return find_latest_ckpt_path(os.path.abspath(default_local_dir))
 
+
+def group_folder(step_dir: str, group: str, groups: int) -> str:
+    """A worker group's checkpoint in a step: ``policies/<group>``, or, in a run of one group (of
+    ``groups``), verl's own layout (``actor/``) where the step was saved that way."""
+    folder = os.path.join(step_dir, POLICIES_DIR, group)
+    return os.path.join(step_dir, "actor") if groups == 1 and not os.path.isdir(folder) else folder
+

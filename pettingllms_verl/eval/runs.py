@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pettingllms_verl import artifacts
 from pettingllms_verl.backends.cpu import usable_cores
-from pettingllms_verl.checkpoints import EXPORT_DIR, POLICIES_DIR, VAL_METRICS, step_of, steps_in, step_folder
+from pettingllms_verl.checkpoints import EXPORT_DIR, POLICIES_DIR, VAL_METRICS, group_folder, step_of, steps_in, step_folder
 from pettingllms_verl.config import ADAPTER_GROUP, SECTION, load
 from pettingllms_verl.preflight.policies import same_family, saved_model_differs
 
@@ -173,9 +173,7 @@ def check_checkpoint(step_dir: str, cfg: DictConfig, recipe: str) -> None:
                 + ": evaluate it with the recipe it was trained with"
             )
     for group, model in models.items():
-        folder = os.path.join(step_dir, POLICIES_DIR, group)
-        if len(models) == 1 and not os.path.isdir(folder):
-            folder = os.path.join(step_dir, "actor")  # a one-policy checkpoint in verl's own layout
+        folder = group_folder(step_dir, group, len(models))
         if not os.path.isdir(folder):
             saved = sorted(os.listdir(os.path.join(step_dir, POLICIES_DIR))) if os.path.isdir(os.path.join(step_dir, POLICIES_DIR)) else []
             raise EvalError(

@@ -299,7 +299,7 @@ def _check_resumed_models(config: DictConfig, settings: Any, paths: dict[str, st
     too): each must be the model its policy names now. Another architecture or tokenizer family fails
     in a worker after Ray started, or (the same shapes, another vocabulary) trains on tokens read as
     other text. ``paths``: policy -> its model path."""
-    from pettingllms_verl.checkpoints import POLICIES_DIR, resume_folder
+    from pettingllms_verl.checkpoints import group_folder, resume_folder
     from pettingllms_verl.config import SECTION
 
     mode = select(config, "trainer.resume_mode") or "auto"  # verl's default
@@ -312,10 +312,7 @@ def _check_resumed_models(config: DictConfig, settings: Any, paths: dict[str, st
         return
     table, groups = settings.policy_table(), settings.groups()
     for group, policies in groups.items():
-        folder = os.path.join(step, POLICIES_DIR, group)
-        if len(groups) == 1 and not os.path.isdir(folder):
-            folder = os.path.join(step, "actor")  # a one-policy checkpoint in verl's own layout (the trainer resumes it too)
-        differ = saved_model_differs(folder, paths[policies[0]])
+        differ = saved_model_differs(group_folder(step, group, len(groups)), paths[policies[0]])
         if differ:
             override = OmegaConf.select(OmegaConf.create(table[policies[0]].overrides), "model.path") is not None
             raise ConfigError(

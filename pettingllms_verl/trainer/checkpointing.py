@@ -16,7 +16,7 @@ import torch
 import transfer_queue as tq
 from verl.trainer.ppo.v1.trainer_base import _count_tq_prompt_groups
 
-from pettingllms_verl.checkpoints import (CRITICS_DIR, DATA_STATE, PARTIAL_SUFFIX, POLICIES_DIR, QUEUE_DIR, TRACKER, resume_folder, step_folder,
+from pettingllms_verl.checkpoints import (CRITICS_DIR, DATA_STATE, PARTIAL_SUFFIX, POLICIES_DIR, QUEUE_DIR, TRACKER, group_folder, resume_folder, step_folder,
                                           step_of, steps_in)
 from pettingllms_verl.config import SECTION
 from pettingllms_verl.files import write_whole
@@ -98,9 +98,7 @@ class PolicyCheckpoints:
         self.global_steps = step_of(step_dir)
         print(f"{self.mode}: resuming {sorted(self.groups)} from {step_dir} (step {self.global_steps})", flush=True)
         for name, group in self.groups.items():
-            path = os.path.join(step_dir, POLICIES_DIR, name)
-            if len(self.groups) == 1 and not os.path.isdir(path):
-                path = os.path.join(step_dir, "actor")  # a one-policy checkpoint in verl's own layout
+            path = group_folder(step_dir, name, len(self.groups))
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"{path}: no checkpoint of group {name!r} in {step_dir} (was it added to {SECTION}.policies later?)")
             group.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)

@@ -397,8 +397,9 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         are zeroed, as verl's padding rows' are (the loss is a mean over the loss mask's tokens).
         Returns (rows left untrained, rows with a reply). ``tags``: row key -> its tags
         (``_partition``'s; padding rows have none)."""
-        replies = [key for key in part.keys if not tags.get(key, {}).get("mas_placeholder") and lag(tags.get(key, {}), self.global_steps) is not None]
-        stale = [key for key in replies if lag(tags[key], self.global_steps) > bound]
+        behind = {key: lag(tags[key], self.global_steps) for key in part.keys if key in tags and not tags[key].get("mas_placeholder")}
+        replies = [key for key, value in behind.items() if value is not None]
+        stale = [key for key in replies if behind[key] > bound]
         if stale:
             masks = tq.kv_batch_get(keys=stale, partition_id=part.partition_id, select_fields=["response_mask"])["response_mask"]
             zeros = [{"response_mask": torch.zeros_like(mask), "loss_mask": torch.zeros_like(mask)} for mask in masks.unbind(0)]
