@@ -77,6 +77,20 @@ SEAMS: tuple[Seam, ...] = (
     *(Seam(f"verl.trainer.ppo.v1.trainer_colocate_async:PPOTrainerColocateAsync.{hook}", (), "trainer/mas_async.py",
            "verl's colocate_async hooks over every policy's replicas (the trainer's base is the sync one)")
       for hook in ("on_init_end", "on_train_begin", "on_sample_end", "on_step_end")),
+    # verl's separate_async, run over every policy with rollout replicas of their own (trainer/mas_async.py)
+    Seam("verl.trainer.ppo.v1.trainer_separate_async:PPOTrainerSeparateAsync.on_train_begin", (), "trainer/mas_async.py",
+         "verl's separate_async warm-up as it is (the trainer's base is the sync one)"),
+    Seam("verl.trainer.ppo.v1.trainer_separate_async:PPOTrainerSeparateAsync._enable_hybrid_replicas", None,
+         "trainer/mas_trainer.py, trainer/mas_async.py", "read by verl's _setup and _init_resource_pool_mgr: no rollout in the trainer's processes"),
+    *(Seam(f"verl.experimental.separation.engine_workers:DetachActorWorker.{method}", ("n",), "trainer/mas_async.py",
+           "the rollout's weights restored for a step's later mini-batches (verl's experimental worker, mixed into the plugin's)")
+      for method in ("save_model_to_cpu", "restore_model_from_cpu", "clear_cpu_model")),
+    Seam("verl.workers.rollout.llm_server:LLMServerManager.__init__", ("config", "start_rank"), "trainer/mas_async.py",
+         "each policy's standalone replicas ranked after the last policy's (verl names pools and workers by rank)"),
+    Seam("verl.checkpoint_engine.base:CheckpointEngine.build_topology", ("actor_wg_world_size", "rollout_world_size", "metadata"),
+         "backends/cpu/weight_push.py", "public: the gloo checkpoint engine"),
+    Seam("verl.checkpoint_engine.base:CheckpointEngineWorker.update_weights", ("global_steps",), "backends/hf/rollout.py",
+         "a standalone hf replica receives its weights through verl's checkpoint engine worker"),
     Seam("verl.trainer.ppo.v1.replay_buffer:ReplayBuffer.sample", ("global_steps", "partition_id", "batch_size"), "trainer/mas_trainer.py",
          "faults counted per step before a batch is taken"),
     Seam("verl.trainer.ppo.v1.replay_buffer:ReplayBuffer._wait_for_next_poll", ("partition_id", "last_debug_time"), "trainer/mas_trainer.py",

@@ -51,7 +51,7 @@ ADAPTERS_KEY = "pettingllms_adapters"
 VLLM_PER_POLICY = "vllm_multilora"
 # The plugin's trainers (trainer.v1.trainer_mode) -> the verl schedule each runs: verl's own checks
 # (replay buffer, refill, checkpointed in-flight episodes) and its trainer.v1.<mode> section read that.
-TRAINER_MODES = {"mas_sync": "sync", "mas_colocate_async": "colocate_async"}
+TRAINER_MODES = {"mas_sync": "sync", "mas_colocate_async": "colocate_async", "mas_separate_async": "separate_async"}
 # a training row's field (and tag): the temperature its reply was sampled at, which its log-probs use
 ROW_TEMPERATURE = "mas_temperature"
 # the smallest positive sampling temperature: below it vLLM samples greedily, and a row scored at it

@@ -44,7 +44,10 @@ def _check() -> list[str]:
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
+    from verl.checkpoint_engine import CheckpointEngineRegistry
+
     from pettingllms_verl.backends import vllm_multilora
+    from pettingllms_verl.backends.cpu import weight_push
     from pettingllms_verl.data.rows import EPISODE_AGENT
     from pettingllms_verl.config import TRAINER_MODES
 
@@ -64,6 +67,10 @@ def _check() -> list[str]:
         missing.append(f"rollout replica '{vllm_multilora.ROLLOUT_NAME}'")
     if _ROLLOUT_REGISTRY.get((vllm_multilora.ROLLOUT_NAME, "async")) != vllm_multilora.SERVER_ADAPTER:
         missing.append(f"rollout adapter ('{vllm_multilora.ROLLOUT_NAME}', 'async')")
+    try:
+        CheckpointEngineRegistry.get(weight_push.BACKEND)
+    except ValueError:
+        missing.append(f"checkpoint engine '{weight_push.BACKEND}'")
     if "cpu" not in EngineRegistry._engines["language_model"]["fsdp2"]:
         missing.append("FSDP engine for device 'cpu'")
     return missing
@@ -96,6 +103,7 @@ def register() -> None:
         if said:
             logger.warning(said)
         import pettingllms_verl.backends.cpu.platform  # noqa: F401  (registers platform "cpu")
+        import pettingllms_verl.backends.cpu.weight_push  # noqa: F401  (registers checkpoint engine "gloo")
         from pettingllms_verl.backends import vllm_multilora
         from verl.workers.rollout.base import _ROLLOUT_REGISTRY
         from verl.workers.rollout.replica import RolloutReplicaRegistry
@@ -105,7 +113,7 @@ def register() -> None:
         vllm_multilora.register()
         _register_cpu_engines()
         import pettingllms_verl.algo  # noqa: F401  (registers advantage estimator "at_grpo")
-        import pettingllms_verl.trainer.mas_async  # noqa: F401  (registers V1 trainers "mas_sync", "mas_colocate_async")
+        import pettingllms_verl.trainer.mas_async  # noqa: F401  (registers V1 trainers "mas_sync", "mas_colocate_async", "mas_separate_async")
         from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
         from pettingllms_verl.data.rows import EPISODE_AGENT

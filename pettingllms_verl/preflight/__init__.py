@@ -33,6 +33,7 @@ from pettingllms_verl.preflight.training import (
     _check_null_reward,
     _check_one_temperature,
     _check_registered,
+    _check_separate_async,
     _check_staleness_bounds,
     _check_trainer_mode,
     _registered_names,
@@ -57,6 +58,7 @@ def check(config: DictConfig) -> None:
     _check_agreement(config, settings)
     if settings is not None:
         _check_staleness_bounds(config, settings)
+        _check_separate_async(config, settings)
         _check_one_temperature(config, select(config, "trainer.v1.trainer_mode") in TRAINER_MODES, views(), settings)
     _check_vllm(config, views(), settings)
     _check_megatron(config, views())

@@ -18,6 +18,10 @@ def _gpus_needed(config: DictConfig, settings: Any) -> tuple[int, str]:
         if policy.pool == "own":
             needed += sum(policy.own_pool(per_node, nodes))
             key = f"pettingllms.policies.{name}.n_gpus_per_node"
+    if settings is not None and select(config, "trainer.v1.trainer_mode") == "mas_separate_async":  # each group's standalone rollout pool
+        rollout = int(select(config, "actor_rollout_ref.rollout.n_gpus_per_node") or 0) * int(select(config, "actor_rollout_ref.rollout.nnodes") or 0)
+        needed += rollout * len(settings.groups())
+        key = "actor_rollout_ref.rollout.n_gpus_per_node"
     return needed, key
 
 

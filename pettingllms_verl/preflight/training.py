@@ -6,7 +6,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pettingllms_verl.config import SECTION, TRAINER_MODES
+from pettingllms_verl.config import ADAPTER_GROUP, SECTION, TRAINER_MODES
 from pettingllms_verl.preflight.common import ConfigError, needs_critic, select, where
 
 def _registered_names() -> dict[str, list[str]]:
@@ -40,12 +40,45 @@ def _check_trainer_mode(config: DictConfig) -> None:
     if mode in ("colocate_async", "separate_async"):
         raise ConfigError("trainer.v1.trainer_mode", f"{mode!r} is verl's trainer of one policy over single-agent rows",
                           f"set trainer.v1.trainer_mode=mas_{mode} (the same schedule over the team's policies)")
-    if mode == "mas_separate_async":
-        raise ConfigError("trainer.v1.trainer_mode", "mas_separate_async is not available: verl's separate_async pushes "
-                          "weights to a rollout pool of its own over nccl/nixl/mooncake, which a CPU run has no "
-                          "backend for, and the plugin does not yet push each policy's weights that way",
-                          "use trainer.v1.trainer_mode=mas_colocate_async (rollout never waits for the slowest episode) "
-                          "or mas_sync")
+
+
+def _check_separate_async(config: DictConfig, settings: Any) -> None:
+    """``mas_separate_async``: each policy's rollout on a pool of its own, weights pushed by a
+    checkpoint engine; what it does not run yet is refused here rather than deep in a worker."""
+    if select(config, "trainer.v1.trainer_mode") != "mas_separate_async":
+        return
+    fix = "or use trainer.v1.trainer_mode=mas_colocate_async"
+    if select(config, "actor_rollout_ref.hybrid_engine") is not False:
+        raise ConfigError("actor_rollout_ref.hybrid_engine", "mas_separate_async serves every episode from each policy's "
+                          "own rollout pool, with no replicas in the trainer's processes", "set actor_rollout_ref.hybrid_engine=false")
+    for key in ("actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node"):
+        if int(select(config, key) or 0) < 1:
+            raise ConfigError(key, f"{select(config, key)}: each policy's rollout pool needs a size",
+                              f"set {key}=1 (or more; on CPU these are Ray slots, not devices)")
+    backend = select(config, "actor_rollout_ref.rollout.checkpoint_engine.backend")
+    if backend in (None, "naive"):
+        raise ConfigError("actor_rollout_ref.rollout.checkpoint_engine.backend", f"{backend!r} syncs a rollout in the trainer's "
+                          "own processes; mas_separate_async pushes weights to another pool",
+                          "set it to gloo (any machine) or one of verl's nccl, nixl, mooncake")
+    sync_step = int(select(config, "trainer.v1.separate_async.parameter_sync_step") or 1)
+    batch = int(select(config, "data.train_batch_size") or 0)
+    if sync_step < 1 or batch % sync_step:
+        raise ConfigError("trainer.v1.separate_async.parameter_sync_step", f"{sync_step} does not divide data.train_batch_size={batch} "
+                          "(each push follows that many updates, each on an equal share of the step's problems)",
+                          "use a divisor of data.train_batch_size")
+    if select(config, "trainer.v1.separate_async.hybrid_rollout.enable_switch"):
+        raise ConfigError("trainer.v1.separate_async.hybrid_rollout.enable_switch", "lends the trainer's devices to the rollout "
+                          "between steps; mas_separate_async has no rollout replicas there", "set it to false")
+    if ADAPTER_GROUP in settings.groups():
+        name = settings.groups()[ADAPTER_GROUP][0]
+        raise ConfigError(f"{SECTION}.policies.{name}.adapter", "mas_separate_async does not yet push LoRA adapters by name "
+                          "through a checkpoint engine", f"give each role a full model (L2) or one shared policy (L0), {fix}")
+    for key, what in (("actor_rollout_ref.actor.use_kl_loss", "a reference model"), ("algorithm.use_kl_in_reward", "a reference model")):
+        if select(config, key):
+            raise ConfigError(key, f"{what} is not yet built beside mas_separate_async's trainer", f"set {key}=false, {fix}")
+    if needs_critic(config):
+        raise ConfigError("algorithm.adv_estimator", "a critic is not yet built beside mas_separate_async's trainer",
+                          f"use a critic-free estimator (at_grpo, grpo, rloo, reinforce_plus_plus), {fix}")
 
 
 def _check_staleness_bounds(config: DictConfig, settings: Any) -> None:
@@ -59,7 +92,7 @@ def _check_staleness_bounds(config: DictConfig, settings: Any) -> None:
     mode = select(config, "trainer.v1.trainer_mode")
     if TRAINER_MODES.get(mode, "sync") == "sync":
         raise ConfigError(key, f"{bound} with trainer.v1.trainer_mode={mode}: a synchronous trainer trains only replies of the "
-                          "weights it trains", "set trainer.v1.trainer_mode=mas_colocate_async, or drop it")
+                          "weights it trains", "set trainer.v1.trainer_mode=mas_colocate_async or mas_separate_async, or drop it")
     threshold = select(config, "trainer.v1.sampler.max_off_policy_threshold")
     strategy = select(config, "trainer.v1.sampler.max_off_policy_strategy") or "drop"
     over = {name: b for name, b in bounded.items() if threshold is not None and strategy == "drop" and b >= int(threshold) - 1}

@@ -66,7 +66,7 @@ from pettingllms_verl.trainer.policies import MultiCheckpointManager, PolicyGrou
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker
 
 TRAINER_MODE = "mas_sync"
-ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef)
+ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)  # Actor: without rollout replicas of its own (separate_async)
 WORKER_CHECK_S = 10.0  # while waiting for episodes: how often the agent-loop workers are asked whether they live
 
 
@@ -81,6 +81,10 @@ def _with_column(batches, name: str, value):
 class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
     mode = TRAINER_MODE  # its trainer.v1.trainer_mode
     llm_client_cls = None  # verl's client class of the mode's schedule (None: verl's plain one)
+    # verl reads it (compat.py): rollout replicas in the trainer's processes, asleep while it trains
+    _enable_hybrid_replicas = True
+    full_model_worker = SharedPrefixActorRolloutRefWorker  # a full-model group's trainer ranks
+    adapter_worker = MultiLoRAActorRolloutRefWorker  # the adapter group's
 
     def __init__(self, config):
         self.settings = load(config.get(SECTION))
@@ -168,8 +172,8 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         super()._init_resource_pool_mgr()
         self._actor_role = next(role for role in ACTOR_ROLES if role in self.role_worker_mapping)
         # verl's hybrid worker with the shared-prefix forward (actor.use_prefix_grouper), for full-model groups
-        self._full_model_worker = ray.remote(SharedPrefixActorRolloutRefWorker)
-        first = MultiLoRAActorRolloutRefWorker if self.first_group == ADAPTER_GROUP else SharedPrefixActorRolloutRefWorker
+        self._full_model_worker = ray.remote(self.full_model_worker)
+        first = self.adapter_worker if self.first_group == ADAPTER_GROUP else self.full_model_worker
         self.role_worker_mapping[self._actor_role] = ray.remote(first)
         if self.use_critic:
             if ADAPTER_GROUP in self.group_policies:  # the preflight says so first; here for a run without it
@@ -201,12 +205,12 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         super()._setup()  # the first group, its replicas and sync, reward loop; checkpoint load deferred
         # verl's, in the first group's processes; a frozen policy's is left unused, as the other groups build none
         critic = self.critic_wg if self.use_critic and self.policy_table[self.first_group].trainable else None
-        self.groups = {self.first_group: self._group(self.first_group, self.config, self.actor_rollout_wg, self.llm_server_manager,
-                                                     self.checkpoint_manager, critic)}
+        self.groups = {self.first_group: self._group(self.first_group, self.config, self.actor_rollout_wg, *self._first_rollout(), critic)}
         for name in list(self.group_policies)[1:]:
             self.groups[name] = self._build_group(name)
         self.checkpoint_manager = MultiCheckpointManager(list(self.groups.values()))
-        self.checkpoint_manager.sleep_replicas()
+        if self._enable_hybrid_replicas:  # they give the trainer its memory back while it loads the checkpoint
+            self.checkpoint_manager.sleep_replicas()
         placement = {name: nodes_of(group) for name, group in self.groups.items()}
         print(f"{PLACEMENT} {json.dumps(placement)}", flush=True)  # what runs on which Ray node (docs/cluster.md)
         self._actor_names = who(self.groups, placement)  # Ray actor id -> what and where, for a death's message
@@ -246,15 +250,24 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
         if critic is not None:
             critic.reset()  # builds the value model (verl's TrainingWorker), as verl's _setup does
             critic.set_loss_fn(partial(value_loss, config=critic_config))
-        servers = LLMServerManager.create(config=config, worker_group=group, rollout_resource_pool=pool)
-        sync_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
-        sync_config.backend = "naive"  # as verl's own sync trainer
-        sync = CheckpointEngineManager(config=sync_config, actor_wg=group, replicas=servers.get_replicas())
+        servers, sync = self._rollout(config, group, pool)
         model = config.actor_rollout_ref.model
         # another model family's tokenizer, as its workers load it; the trainer's own where the tokenizer is the first group's
         same = tokenizer_source(model) == tokenizer_source(self.config.actor_rollout_ref.model)
         tokenizer = None if same else omega_conf_to_dataclass(model).tokenizer
         return self._group(name, config, group, servers, sync, critic, tokenizer)
+
+    def _first_rollout(self) -> tuple[LLMServerManager, CheckpointEngineManager]:
+        """The first group's rollout replicas and weight sync: verl's own (its _setup built them)."""
+        return self.llm_server_manager, self.checkpoint_manager
+
+    def _rollout(self, config, worker_group, pool) -> tuple[LLMServerManager, CheckpointEngineManager]:
+        """Another group's rollout replicas and weight sync, as verl's _setup builds the actor's: replicas
+        in the group's trainer processes, synced in-process ("naive")."""
+        servers = LLMServerManager.create(config=config, worker_group=worker_group, rollout_resource_pool=pool)
+        sync_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
+        sync_config.backend = "naive"  # as verl's own sync trainer
+        return servers, CheckpointEngineManager(config=sync_config, actor_wg=worker_group, replicas=servers.get_replicas())
 
     def _critic_class(self, config):
         """verl's value-model worker for one policy's config (as verl's _setup builds the critic):

@@ -27,6 +27,7 @@ from verl.plugin.platform import get_platform
 from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from verl.workers.rollout.utils import ensure_async_iterator
 
 from pettingllms_verl.backends.cpu import usable_cores
 from pettingllms_verl.backends.hf import attention
@@ -407,7 +408,7 @@ class HFServerAdapter(BaseRollout):
         self, weights: Generator[tuple[str, torch.Tensor], None, None], wire_format: str = "named_tensors", **kwargs
     ) -> None:
         if wire_format != "named_tensors":
-            raise ValueError(f"hf rollout: unsupported weight wire format {wire_format!r} (use checkpoint engine 'naive')")
+            raise ValueError(f"hf rollout: unsupported weight wire format {wire_format!r} (use checkpoint engine 'naive' or 'gloo')")
         peft_config, lora_name = kwargs.get("peft_config"), kwargs.get("lora_name")
         if peft_config is not None and lora_name is None:
             raise NotImplementedError(
@@ -417,7 +418,7 @@ class HFServerAdapter(BaseRollout):
         # Every rank must drain the generator (it performs collective gathers); only the sender keeps
         # a host copy, already in the rollout's dtype (the trainer's full tensors are fp32 masters).
         named = {}
-        for name, tensor in weights:
+        async for name, tensor in ensure_async_iterator(weights):  # a generator (naive), or a checkpoint engine's receiver
             if self.is_sender:
                 named[name] = tensor.detach().to(_torch_dtype(str(self.config.dtype), tensor.device.type)).to("cpu", copy=True)
         if not self.is_sender:
