@@ -1,11 +1,13 @@
-"""Synchronous against asynchronous training of a team (mas_sync, mas_colocate_async), on one machine.
+"""Synchronous against asynchronous training of a team (mas_sync, mas_colocate_async, mas_separate_async), on one machine.
 
-Both trainers run through ``python -m verl.trainer.main_ppo``, one run after another.
+Every trainer runs through ``python -m verl.trainer.main_ppo``, one run after another.
 
-Both settings run the reproduction's method with a model per role (``plan_path_mas_full_repro_cpu``:
-Plan-Path 4x4, a K = 4 tree, 4 problems per step, two policies) with the rollout server and the
-trainer's workers each on every core (``base/cpu_one_run``: neither schedule computes on both sides
-at once, so each phase gets the machine), on two workloads:
+Every setting runs the reproduction's method with a model per role (``plan_path_mas_full_repro_cpu``:
+Plan-Path 4x4, a K = 4 tree, 4 problems per step, two policies). ``mas_sync`` and
+``mas_colocate_async`` give the rollout server and the trainer's workers each every core
+(``base/cpu_one_run``: neither computes on both sides at once, so each phase gets the machine);
+``mas_separate_async`` gives each side one thread (each policy's rollout on a pool of its own,
+computing while its trainer trains; weights pushed over gloo after every step), on two workloads:
 - ``repro``: the reproduction as shipped (one turn per episode);
 - ``long_tail``: the same team with up to ``LONG_TAIL_TURNS`` turns (an episode ends when the route
   is right) and its planner sampled hotter (``LONG_TAIL_PLAN_T``; at T = 1 nearly every episode ends in
@@ -17,15 +19,14 @@ hour, the share of step time the trainer waits for rows (``timing_s/gen`` / ``ti
 the share the rollout is paused while the policies train (the rest: with both schedules the rollout
 generates only while the trainer waits), verl's staleness of the rows trained, and ("apart") the
 speed-up a rollout and a trainer on devices of their own would give at best: a step taking the
-longer of the two phases instead of their sum. ``separate_async``
-(a rollout on cores of its own) is not run: the plugin refuses it (docs/async.md).
+longer of the two phases instead of their sum.
 
-``--repeats N`` interleaves the runs (sync, colocate, sync, ...); each ratio is taken within a repeat
+``--repeats N`` interleaves the runs (sync, colocate, separate, sync, ...); each ratio is taken within a repeat
 and reported as its mean with a 95 % t interval over the repeats. Needs the reproduction's data and
 warm start (``make data-plan_path_4x4_short model-plan-path-team``; ``$PETTINGLLMS_ARTIFACTS`` names
 another folder). Run it with nothing else on the machine.
 
-    python benchmarks/bench_async.py [--workloads repro,long_tail] [--repeats N] [--out benchmarks/results/async.json]
+    python benchmarks/bench_async.py [--workloads repro,long_tail] [--settings sync,colocate,separate] [--repeats N] [--out benchmarks/results/async.json]
     python benchmarks/bench_async.py --logs DIR   # the table again from a run's logs (DIR/<workload>_<setting>_<repeat>.jsonl)
 """
 
@@ -49,6 +50,13 @@ COMMON = [f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1", "trai
 SETTINGS = {  # name -> (label, overrides)
     "sync": ("mas_sync", ["trainer.v1.trainer_mode=mas_sync"]),
     "colocate": ("mas_colocate_async", ["trainer.v1.trainer_mode=mas_colocate_async"]),
+    # one thread each side (given after THREADS, which these override), one Ray slot per policy's rollout pool
+    "separate": ("mas_separate_async", ["trainer.v1.trainer_mode=mas_separate_async", "actor_rollout_ref.hybrid_engine=false",
+                                        "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                                        "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo", "ray_kwargs.ray_init.num_gpus=3",
+                                        "trainer.v1.separate_async.parameter_sync_step=1",
+                                        "++actor_rollout_ref.rollout.engine_kwargs.hf.torch_threads=1",
+                                        '++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="1"']),
 }
 WORKLOADS = {  # name -> (label, overrides)
     "repro": ("the reproduction (1 turn)", []),
@@ -101,6 +109,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from: {', '.join(WORKLOADS)}")
+    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, sync and any of: {', '.join(SETTINGS)}")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; 2 or more: each ratio's 95 %% t interval")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "async.json"))
     parser.add_argument("--logs", help="a folder with the runs' file logs (<workload>_<setting>_<repeat>.jsonl): the table from them, run nothing")
@@ -109,9 +118,12 @@ def main() -> None:
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
         sys.exit(f"--workloads: unknown {unknown}; from: {list(WORKLOADS)}")
+    settings = args.settings.split(",")
+    if "sync" not in settings or set(settings) - set(SETTINGS):
+        sys.exit(f"--settings {args.settings}: sync and any of {list(SETTINGS)}")
     if args.repeats < 1:
         sys.exit(f"--repeats: {args.repeats}; at least 1")
-    order = [(workload, repeat, setting) for workload in workloads for repeat in range(args.repeats) for setting in SETTINGS]
+    order = [(workload, repeat, setting) for workload in workloads for repeat in range(args.repeats) for setting in settings]
     if args.logs:
         missing = [name for name in (log_name(w, s, r) for w, r, s in order) if not os.path.isfile(os.path.join(args.logs, name))]
         if missing:
@@ -124,7 +136,7 @@ def main() -> None:
     for row in runs:
         row["rows_per_s_vs_sync"] = row["rows_per_s"] / sync[(row["workload"], row["repeat"])]["rows_per_s"]
     print(f"\nsteps {WARMUP + 1}-{STEPS} of each run, {usable_cores()} usable cores, rollout and trainer each on every core "
-          "(base/cpu_one_run), one machine, runs interleaved")
+          "(base/cpu_one_run; mas_separate_async: one thread each), one machine, runs interleaved")
     print(f"{'workload':<30} {'trainer':<19} {'rep':>3} {'rows/s':>7} {'steps/h':>7} {'step s':>6} {'waits':>6} {'paused':>6} "
           f"{'stale':>5} {'max':>3} {'turns':>5} {'vs sync':>8} {'apart':>6}")
     for row in runs:
@@ -134,12 +146,14 @@ def main() -> None:
               f"{row['separate_pools_bound']:>5.2f}x")
     summary = []
     for workload in workloads:
-        ratios = [row["rows_per_s_vs_sync"] for row in runs if row["workload"] == workload and row["setting"] == "colocate"]
-        entry = {"workload": workload, "colocate_rows_per_s_vs_sync": sum(ratios) / len(ratios), "interval": seed_interval(ratios), "repeats": len(ratios)}
-        summary.append(entry)
-        interval = entry["interval"]
-        print(f"{WORKLOADS[workload][0]}: mas_colocate_async / mas_sync rows per second {entry['colocate_rows_per_s_vs_sync']:.2f}x"
-              + (f" [{interval['low']:.2f}, {interval['high']:.2f}]" if interval else "") + f" over {len(ratios)} repeat(s)")
+        for setting in (s for s in settings if s != "sync"):
+            ratios = [row["rows_per_s_vs_sync"] for row in runs if row["workload"] == workload and row["setting"] == setting]
+            entry = {"workload": workload, "setting": setting, "rows_per_s_vs_sync": sum(ratios) / len(ratios), "interval": seed_interval(ratios),
+                     "repeats": len(ratios)}
+            summary.append(entry)
+            interval = entry["interval"]
+            print(f"{WORKLOADS[workload][0]}: {SETTINGS[setting][0]} / mas_sync rows per second {entry['rows_per_s_vs_sync']:.2f}x"
+                  + (f" [{interval['low']:.2f}, {interval['high']:.2f}]" if interval else "") + f" over {len(ratios)} repeat(s)")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"runs": runs, "summary": summary, "steps": STEPS, "warmup": WARMUP, "recipe": RECIPE, "cores": usable_cores()}, f, indent=2)

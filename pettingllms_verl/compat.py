@@ -85,8 +85,6 @@ SEAMS: tuple[Seam, ...] = (
     *(Seam(f"verl.experimental.separation.engine_workers:DetachActorWorker.{method}", ("n",), "trainer/mas_async.py",
            "the rollout's weights restored for a step's later mini-batches (verl's experimental worker, mixed into the plugin's)")
       for method in ("save_model_to_cpu", "restore_model_from_cpu", "clear_cpu_model")),
-    Seam("verl.workers.rollout.llm_server:LLMServerManager.__init__", ("config", "start_rank"), "trainer/mas_async.py",
-         "each policy's standalone replicas ranked after the last policy's (verl names pools and workers by rank)"),
     Seam("verl.checkpoint_engine.base:CheckpointEngine.build_topology", ("actor_wg_world_size", "rollout_world_size", "metadata"),
          "backends/cpu/weight_push.py", "public: the gloo checkpoint engine"),
     Seam("verl.checkpoint_engine.base:CheckpointEngineWorker.update_weights", ("global_steps",), "backends/hf/rollout.py",

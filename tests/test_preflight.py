@@ -420,7 +420,6 @@ def test_the_null_training_control_is_refused_where_no_group_holds_two_replies_t
         ({"algorithm.adv_estimator": "reinforce_plus_plus"}, "algorithm.adv_estimator", "only at_grpo groups by node"),
         ({"trainer.v1.trainer_mode": "colocate_async"}, "trainer.v1.trainer_mode", "set trainer.v1.trainer_mode=mas_colocate_async"),
         ({"trainer.v1.trainer_mode": "separate_async"}, "trainer.v1.trainer_mode", "verl's trainer of one policy"),
-        ({"trainer.v1.trainer_mode": "mas_separate_async"}, "trainer.v1.trainer_mode", "mas_separate_async is not available"),
     ],
 )
 def test_settings_that_disagree_are_refused(tmp_path, overrides, key, problem):
@@ -428,6 +427,39 @@ def test_settings_that_disagree_are_refused(tmp_path, overrides, key, problem):
     with pytest.raises(ConfigError) as error:
         check(mas_config(tmp_path, **overrides))
     assert error.value.key == key and problem in str(error.value), str(error.value)
+
+
+SEPARATE = {"trainer.v1.trainer_mode": "mas_separate_async", "actor_rollout_ref.hybrid_engine": "false", "actor_rollout_ref.rollout.nnodes": 1,
+            "actor_rollout_ref.rollout.n_gpus_per_node": 1, "actor_rollout_ref.rollout.checkpoint_engine.backend": "gloo",
+            "trainer.v1.separate_async.parameter_sync_step": 1, "ray_kwargs.ray_init.num_gpus": 3}
+
+
+def test_separate_async_runs_full_model_policies_and_refuses_what_it_does_not_run_yet(tmp_path, plan_path_rows, tiny_model_dir):
+    """mas_separate_async: a rollout pool per policy group, weights pushed by a checkpoint engine; a
+    hybrid engine, the in-process engine, a pool without size, a sync step that does not divide the
+    batch, adapters, a reference model, a critic and too few Ray slots are each refused naming their key."""
+    check(mas_config(tmp_path, **SEPARATE))
+    check(two_policies(tmp_path, plan_path_rows, **SEPARATE))
+    refused = [
+        ({"actor_rollout_ref.hybrid_engine": "true"}, "actor_rollout_ref.hybrid_engine", "no replicas in the trainer's processes"),
+        ({"actor_rollout_ref.rollout.checkpoint_engine.backend": "naive"}, "actor_rollout_ref.rollout.checkpoint_engine.backend",
+         "set it to gloo"),
+        ({"actor_rollout_ref.rollout.nnodes": 0}, "actor_rollout_ref.rollout.nnodes", "needs a size"),
+        ({"trainer.v1.separate_async.parameter_sync_step": 3, "data.train_batch_size": 4}, "trainer.v1.separate_async.parameter_sync_step",
+         "does not divide"),
+        ({"trainer.v1.separate_async.hybrid_rollout.enable_switch": "true"}, "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+         "no rollout replicas there"),
+        ({"actor_rollout_ref.actor.use_kl_loss": "true"}, "actor_rollout_ref.actor.use_kl_loss", "reference model"),
+        ({"algorithm.adv_estimator": "gae"}, "algorithm.adv_estimator", "a critic is not yet built"),
+        ({"ray_kwargs.ray_init.num_gpus": 2}, "ray_kwargs.ray_init.num_gpus", "set ray_kwargs.ray_init.num_gpus=3"),
+    ]
+    for overrides, key, problem in refused:
+        with pytest.raises(ConfigError) as error:
+            check(two_policies(tmp_path, plan_path_rows, **{**SEPARATE, **overrides}))
+        assert error.value.key == key and problem in str(error.value), str(error.value)
+    with pytest.raises(ConfigError) as error:
+        check(two_adapters(tmp_path, plan_path_rows, tiny_model_dir, **SEPARATE))
+    assert error.value.key == "pettingllms.policies.tool_adapter.adapter" and "LoRA adapters" in str(error.value), str(error.value)
 
 
 def test_gae_trains_with_a_critic_per_full_model_policy_and_is_refused_with_adapters(tmp_path, plan_path_rows, tiny_model_dir):

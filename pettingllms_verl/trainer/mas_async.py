@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from verl.checkpoint_engine import CheckpointEngineManager
 from verl.experimental.separation.engine_workers import DetachActorWorker
+from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
@@ -61,6 +62,17 @@ class DetachedSharedPrefixWorker(SharedPrefixActorRolloutRefWorker, DetachActorW
     """A full-model group's trainer ranks with verl's save/restore of the weights to host memory
     (``DetachActorWorker``): the old log-probs of a step's later mini-batches come from the
     weights its rollout had."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_model_to_cpu(self, n):
+        # verl's FSDP2 save takes each shard's .cpu(), which is the shard itself where the model
+        # lives on the CPU: the saved weights would follow every update. A copy keeps them.
+        super().save_model_to_cpu(n)
+        saved = self.cpu_saved_models[n]
+        on_cpu = any(param.device.type == "cpu" for param in self.actor.engine.module.parameters())
+        if on_cpu and isinstance(saved, tuple):  # FSDP2's (shards by name, the mesh's spec)
+            shards, spec = saved
+            self.cpu_saved_models[n] = ({name: (shard.clone(), shard_spec) for name, (shard, shard_spec) in shards.items()}, spec)
 
 
 @register_trainer("mas_separate_async")

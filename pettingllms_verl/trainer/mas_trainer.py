@@ -574,10 +574,11 @@ class MASTrainer(PolicyCheckpoints, PolicyBatching, PPOTrainerSync):
                         fields=list_of_dict_to_tensordict([{"uid": tag["mas_group"]} for _, tag in apart]))
 
     def _dump_batch(self, dump_dir: str, batch, keys: list[str], index, scores: torch.Tensor, tags: list[dict]) -> None:
-        """One JSON line per training row of this step, as the advantage step saw it."""
+        """One JSON line per training row of this step, as the advantage step saw it (a step of several
+        updates, verl's ``parameter_sync_step``, adds each update's rows to the step's file)."""
         advantages = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["advantages"])["advantages"]
         os.makedirs(dump_dir, exist_ok=True)
-        with open(os.path.join(dump_dir, f"step_{self.global_steps}.jsonl"), "w") as f:
+        with open(os.path.join(dump_dir, f"step_{self.global_steps}.jsonl"), "a" if self.local_trigger_step else "w") as f:
             for key, group, score, advantage, tag in zip(keys, index, scores.tolist(), advantages.unbind(0), tags):
                 row = {"key": key, "group": group, "score": score, "advantage": float(advantage[0]) if advantage.numel() else 0.0}
                 row.update({name: value for name, value in tag.items() if name.startswith("mas_")})

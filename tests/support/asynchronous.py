@@ -8,6 +8,11 @@ from collections import defaultdict
 
 BOUND = 2  # trainer.v1.sampler.max_off_policy_threshold: a group trained at most 2 steps after its prompt went out
 ASYNC = ("trainer.v1.trainer_mode=mas_colocate_async", f"trainer.v1.sampler.max_off_policy_threshold={BOUND}")
+# each policy's rollout on a pool of its own (one Ray slot each beside the trainer's), weights pushed over gloo
+# after every 2 updates (one problem each: the second scored with the weights its rollout had)
+SEPARATE = ("trainer.v1.trainer_mode=mas_separate_async", f"trainer.v1.sampler.max_off_policy_threshold={BOUND}",
+            "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo", "trainer.v1.separate_async.parameter_sync_step=2")
 K = 4  # base/cpu_mas_atgrpo: branches per tree node
 PROBLEMS = 2  # its data.train_batch_size
 
