@@ -6,7 +6,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pettingllms_verl.config import ADAPTER_GROUP, SECTION, TRAINER_MODES
+from pettingllms_verl.config import SECTION, TRAINER_MODES
 from pettingllms_verl.preflight.common import ConfigError, needs_critic, select, where
 
 def _registered_names() -> dict[str, list[str]]:
@@ -69,10 +69,6 @@ def _check_separate_async(config: DictConfig, settings: Any) -> None:
     if select(config, "trainer.v1.separate_async.hybrid_rollout.enable_switch"):
         raise ConfigError("trainer.v1.separate_async.hybrid_rollout.enable_switch", "lends the trainer's devices to the rollout "
                           "between steps; mas_separate_async has no rollout replicas there", "set it to false")
-    if ADAPTER_GROUP in settings.groups():
-        name = settings.groups()[ADAPTER_GROUP][0]
-        raise ConfigError(f"{SECTION}.policies.{name}.adapter", "mas_separate_async does not yet push LoRA adapters by name "
-                          "through a checkpoint engine", f"give each role a full model (L2) or one shared policy (L0), {fix}")
     for key, what in (("actor_rollout_ref.actor.use_kl_loss", "a reference model"), ("algorithm.use_kl_in_reward", "a reference model")):
         if select(config, key):
             raise ConfigError(key, f"{what} is not yet built beside mas_separate_async's trainer", f"set {key}=false, {fix}")

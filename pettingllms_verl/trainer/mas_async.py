@@ -44,6 +44,7 @@ from verl.utils.debug import marked_timer
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerManager
 
 from pettingllms_verl.trainer.mas_trainer import MASTrainer
+from pettingllms_verl.trainer.multi_lora import MultiLoRAActorRolloutRefWorker
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker
 
 
@@ -58,10 +59,10 @@ class MASColocateAsyncTrainer(MASTrainer):
     on_step_end = PPOTrainerColocateAsync.on_step_end
 
 
-class DetachedSharedPrefixWorker(SharedPrefixActorRolloutRefWorker, DetachActorWorker):
-    """A full-model group's trainer ranks with verl's save/restore of the weights to host memory
-    (``DetachActorWorker``): the old log-probs of a step's later mini-batches come from the
-    weights its rollout had."""
+class HostCopies(DetachActorWorker):
+    """verl's save/restore of a trainer's weights to host memory (``DetachActorWorker``), for the
+    plugin's workers: the old log-probs of a step's later mini-batches come from the weights its
+    rollout had."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_model_to_cpu(self, n):
@@ -75,12 +76,21 @@ class DetachedSharedPrefixWorker(SharedPrefixActorRolloutRefWorker, DetachActorW
             self.cpu_saved_models[n] = ({name: (shard.clone(), shard_spec) for name, (shard, shard_spec) in shards.items()}, spec)
 
 
+class DetachedSharedPrefixWorker(SharedPrefixActorRolloutRefWorker, HostCopies):
+    """A full-model group's trainer ranks under mas_separate_async."""
+
+
+class DetachedMultiLoRAWorker(MultiLoRAActorRolloutRefWorker, HostCopies):
+    """The adapter group's trainer ranks under mas_separate_async."""
+
+
 @register_trainer("mas_separate_async")
 class MASSeparateAsyncTrainer(MASTrainer):
     mode = "mas_separate_async"
     llm_client_cls = FullyAsyncLLMServerClient
     _enable_hybrid_replicas = False  # verl's separate_async with actor_rollout_ref.hybrid_engine=False
     full_model_worker = DetachedSharedPrefixWorker
+    adapter_worker = DetachedMultiLoRAWorker
     # verl's separate_async warm-up as it is (the other hooks serve its hybrid replicas, which this mode has none of)
     on_train_begin = PPOTrainerSeparateAsync.on_train_begin
 

@@ -33,7 +33,7 @@ from verl.utils.model import convert_weight_keys
 
 from pettingllms_verl.checkpoints import EXPORT_DIR
 from pettingllms_verl.config import adapter_table
-from pettingllms_verl.lora_names import adapter_of
+from pettingllms_verl.lora_names import CONFIG_NAME, adapter_of, config_tensor, pushed_name
 from pettingllms_verl.trainer.shared_prefix import SharedPrefixActorRolloutRefWorker, SharedPrefixFSDPEngine, SharedPrefixTrainingWorker
 
 ADAPTER_KEY = "pettingllms_adapter"  # extra_info of a batch of the adapter group: the adapter its rows train/score
@@ -280,14 +280,14 @@ class MultiLoRAActorRolloutRefWorker(SharedPrefixActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     async def update_weights(self, global_steps: int = None, mode: str = "auto"):
         """The base once (when the rollout did not load it itself), then each adapter by name:
-        trainable ones after every update, frozen ones once."""
+        trainable ones after every update, frozen ones once. To a rollout pool of its own
+        (mas_separate_async), the adapters travel through the checkpoint engine, named
+        (``lora_names.pushed_name``); that rollout loads the base itself."""
         effective = mode if mode != "auto" else self.config.rollout.checkpoint_engine.backend
-        if effective != "naive":
-            raise NotImplementedError(
-                f"LoRA adapters per policy sync through the colocated 'naive' checkpoint engine, not {effective!r}"
-            )
         engine = self.actor.engine
         synced = self.__dict__.setdefault("_synced_adapters", set())
+        if effective != "naive":
+            return await self.checkpoint_engine.send_weights(self._pushed_adapters(synced), global_steps=global_steps) or {}
         if self.config.rollout.free_cache_engine:
             await self.rollout.resume(tags=["weights"])
         if not self.base_sync_done:
@@ -306,3 +306,16 @@ class MultiLoRAActorRolloutRefWorker(SharedPrefixActorRolloutRefWorker):
             await asyncio.to_thread(torch.distributed.barrier)
             await self.rollout.resume(tags=["kv_cache"])
         self.base_sync_done = True
+
+    def _pushed_adapters(self, synced: set[str]):
+        """The adapters a push refreshes (trainable ones, and frozen ones not yet sent), each its peft
+        config then its tensors, as one stream of named tensors. Every rank draws it (each tensor
+        is gathered over them)."""
+        engine = self.actor.engine
+        for name, spec in engine.adapters.items():
+            if spec["trainable"] or name not in synced:
+                params, peft_config = engine.get_per_tensor_param(base_sync_done=True, adapter_name=name)
+                yield pushed_name(name, CONFIG_NAME), config_tensor(peft_config)
+                for key, tensor in params:
+                    yield pushed_name(name, key), tensor
+                synced.add(name)

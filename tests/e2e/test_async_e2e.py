@@ -1,7 +1,7 @@
 """The asynchronous trainers end to end through ``python -m verl.trainer.main_ppo`` on CPU:
 ``mas_colocate_async`` with a model per role beside an adapter (L2 + L1, killed mid-run and resumed)
-and with one shared model (L0); ``mas_separate_async`` with a model per role, each on a rollout pool
-of its own (L2, killed mid-run and resumed). Checked on the rows each step trained and on what the
+and with one shared model (L0); ``mas_separate_async`` with a model beside an adapter, each group on a
+rollout pool of its own (L2 + L1, killed mid-run and resumed). Checked on the rows each step trained and on what the
 runs logged and saved."""
 
 import json
@@ -72,16 +72,21 @@ def test_one_shared_model_trains_asynchronously(artifacts):
     assert_trained_asynchronously_within_bounds(metrics, rows_by_step(dump), ("shared",))
 
 
-def test_a_model_per_role_trains_on_rollout_pools_of_their_own_and_resumes_its_episodes_under_way(artifacts):
-    """mas_separate_async: each policy's replicas on a pool of their own, never paused to train;
-    each step two updates per policy (one problem each), then a push per policy over gloo. SIGKILLed
+def test_a_model_beside_an_adapter_trains_on_rollout_pools_of_their_own_and_resumes_its_episodes_under_way(artifacts):
+    """mas_separate_async with tool_policy a full model (L2) and plan_policy a LoRA adapter on the
+    base (L1): each group's replicas on a pool of their own, never paused to train; each step two
+    updates per policy (one problem each), then a push per group over gloo (the adapter by name,
+    and its server serves it under its own version). SIGKILLed
     in step 3 once step 2 is logged, then the same command: the problems under way come back and
     step 3 trains problems no earlier step trained. Every bound held, every group whole; the second
     update's old log-probs come from the weights the rollout had (step 1: no push yet, so each
     reply's log-probs equal the trainer's, though its weights moved after the first update)."""
     dump = artifacts / "separate_batches"
-    overrides = [*SEPARATE, "ray_kwargs.ray_init.num_gpus=3", f"pettingllms.paths.batch_dump_dir={dump}"]
+    overrides = [*SEPARATE, "ray_kwargs.ray_init.num_gpus=3", "+pettingllms.policies.plan_policy.adapter.rank=8",
+                 f"pettingllms.paths.batch_dump_dir={dump}"]
     killed, resumed = killed_in_step_3_and_resumed(artifacts, "separate", overrides, "mas_separate_async")
     assert_trained_asynchronously_within_bounds(killed + resumed, rows_by_step(dump), ("tool_policy", "plan_policy"))
     for m in killed + resumed:  # each step pushed every policy's weights to its own pool
         assert m["data"]["timing_s/update_weights"] > 0
+    served = {(row["mas_role"], tuple(row["mas_served_by"])) for row in dumped_rows(dump)}
+    assert served == {("tool", ("tool_policy",)), ("plan", ("plan_policy",))}

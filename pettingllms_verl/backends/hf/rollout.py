@@ -33,6 +33,7 @@ from pettingllms_verl.backends.cpu import usable_cores
 from pettingllms_verl.backends.hf import attention
 from pettingllms_verl.backends.hf.engine import HFGenerationEngine, SamplingSpec
 from pettingllms_verl.config import rollout_policy
+from pettingllms_verl.lora_names import split_pushed
 
 logger = logging.getLogger(__name__)
 
@@ -420,10 +421,15 @@ class HFServerAdapter(BaseRollout):
         named = {}
         async for name, tensor in ensure_async_iterator(weights):  # a generator (naive), or a checkpoint engine's receiver
             if self.is_sender:
-                named[name] = tensor.detach().to(_torch_dtype(str(self.config.dtype), tensor.device.type)).to("cpu", copy=True)
+                dtype = _torch_dtype(str(self.config.dtype), tensor.device.type) if tensor.is_floating_point() else tensor.dtype  # bytes stay bytes
+                named[name] = tensor.detach().to(dtype).to("cpu", copy=True)
         if not self.is_sender:
             return
         if lora_name is not None:  # one adapter's tensors only (L1)
             await self.server.load_adapter.remote(lora_name, named, dict(peft_config), kwargs.get("global_steps"))
-        else:
-            await self.server.update_weights.remote(named, kwargs.get("global_steps"))
+            return
+        base, adapters = split_pushed(named)  # through a checkpoint engine: the adapters named in the stream (mas_separate_async)
+        if base or not adapters:
+            await self.server.update_weights.remote(base, kwargs.get("global_steps"))
+        for name, (config, tensors) in adapters.items():
+            await self.server.load_adapter.remote(name, tensors, config, kwargs.get("global_steps"))
