@@ -26,6 +26,7 @@ def episode_metrics(tags: list[dict]) -> dict[str, float]:
     if ends:
         metrics["mas/success"] = float(np.mean([bool(t["mas_success"]) for t in ends]))
         metrics["mas/turns_mean"] = float(np.mean([t["mas_turns"] for t in ends]))
+        metrics["mas/turns_max"] = float(max(t["mas_turns"] for t in ends))  # the longest episode: what a synchronous step waits for
         env_s, generate_s = sum(t["mas_env_s"] for t in ends), sum(t["mas_generate_s"] for t in ends)
         metrics["mas/env_time_frac"] = env_s / max(env_s + generate_s, 1e-9)
         # tree nodes sampled again because a weight push split their branches (asynchronous modes)

@@ -48,7 +48,7 @@ def test_mas_recipe_runs_three_steps_with_mas_and_at_grpo_metrics(mas_run):
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         data = m["data"]
-        for key in ("mas/success", "mas/turns_mean", "mas/parse_failure_rate", "mas/tool/reward_mean",
+        for key in ("mas/success", "mas/turns_mean", "mas/turns_max", "mas/parse_failure_rate", "mas/tool/reward_mean",
                     "mas/plan/reward_mean", "at_grpo/num_groups", "at_grpo/zero_variance_frac"):
             assert key in data, key
         assert data["at_grpo/mean_group_size"] == K
