@@ -69,9 +69,9 @@ def _check_separate_async(config: DictConfig, settings: Any) -> None:
     if select(config, "trainer.v1.separate_async.hybrid_rollout.enable_switch"):
         raise ConfigError("trainer.v1.separate_async.hybrid_rollout.enable_switch", "lends the trainer's devices to the rollout "
                           "between steps; mas_separate_async has no rollout replicas there", "set it to false")
-    for key, what in (("actor_rollout_ref.actor.use_kl_loss", "a reference model"), ("algorithm.use_kl_in_reward", "a reference model")):
+    for key in ("actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_in_reward"):
         if select(config, key):
-            raise ConfigError(key, f"{what} is not yet built beside mas_separate_async's trainer", f"set {key}=false, {fix}")
+            raise ConfigError(key, "a reference model is not yet built beside mas_separate_async's trainer", f"set {key}=false, {fix}")
     if needs_critic(config):
         raise ConfigError("algorithm.adv_estimator", "a critic is not yet built beside mas_separate_async's trainer",
                           f"use a critic-free estimator (at_grpo, grpo, rloo, reinforce_plus_plus), {fix}")

@@ -285,21 +285,15 @@ class MultiLoRAActorRolloutRefWorker(SharedPrefixActorRolloutRefWorker):
         (``lora_names.pushed_name``); that rollout loads the base itself."""
         effective = mode if mode != "auto" else self.config.rollout.checkpoint_engine.backend
         engine = self.actor.engine
-        synced = self.__dict__.setdefault("_synced_adapters", set())
         if effective != "naive":
-            return await self.checkpoint_engine.send_weights(self._pushed_adapters(synced), global_steps=global_steps) or {}
+            return await self.checkpoint_engine.send_weights(self._pushed_adapters(), global_steps=global_steps) or {}
         if self.config.rollout.free_cache_engine:
             await self.rollout.resume(tags=["weights"])
         if not self.base_sync_done:
             params, _ = engine.get_per_tensor_param(base_sync_done=False)
             await self.rollout.update_weights(params, peft_config=None, base_sync_done=False, global_steps=global_steps)
-        for name, spec in engine.adapters.items():
-            if spec["trainable"] or name not in synced:
-                params, peft_config = engine.get_per_tensor_param(base_sync_done=True, adapter_name=name)
-                await self.rollout.update_weights(
-                    params, peft_config=peft_config, base_sync_done=True, lora_name=name, global_steps=global_steps
-                )
-                synced.add(name)
+        for name, params, peft_config in self._adapters_due():
+            await self.rollout.update_weights(params, peft_config=peft_config, base_sync_done=True, lora_name=name, global_steps=global_steps)
         if engine.is_param_offload_enabled:
             engine.to("cpu", model=True, optimizer=False, grad=False)
         if self.config.rollout.free_cache_engine:
@@ -307,15 +301,21 @@ class MultiLoRAActorRolloutRefWorker(SharedPrefixActorRolloutRefWorker):
             await self.rollout.resume(tags=["kv_cache"])
         self.base_sync_done = True
 
-    def _pushed_adapters(self, synced: set[str]):
-        """The adapters a push refreshes (trainable ones, and frozen ones not yet sent), each its peft
-        config then its tensors, as one stream of named tensors. Every rank draws it (each tensor
-        is gathered over them)."""
+    def _adapters_due(self):
+        """The adapters a push refreshes, each as (name, its tensors, its peft config): trainable ones
+        every time, frozen ones until sent once (marked sent when the next is asked for)."""
+        synced = self.__dict__.setdefault("_synced_adapters", set())
         engine = self.actor.engine
         for name, spec in engine.adapters.items():
             if spec["trainable"] or name not in synced:
                 params, peft_config = engine.get_per_tensor_param(base_sync_done=True, adapter_name=name)
-                yield pushed_name(name, CONFIG_NAME), config_tensor(peft_config)
-                for key, tensor in params:
-                    yield pushed_name(name, key), tensor
+                yield name, params, peft_config
                 synced.add(name)
+
+    def _pushed_adapters(self):
+        """``_adapters_due`` as one stream of named tensors for a checkpoint engine: each adapter's
+        peft config, then its tensors. Every rank draws it (each tensor is gathered over them)."""
+        for name, params, peft_config in self._adapters_due():
+            yield pushed_name(name, CONFIG_NAME), config_tensor(peft_config)
+            for key, tensor in params:
+                yield pushed_name(name, key), tensor
